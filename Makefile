@@ -1,0 +1,26 @@
+# Two commands do all the set-up: `make test` and `make recipe-multi30k`.
+# Both create a local virtual environment (.venv) on first use.
+PYTHON ?= python3
+VENV ?= .venv
+# Users get a normal torch; CI and the dev machines pin the local CPU wheel:
+#   make test TORCH_REQ='torch==2.13.0'
+TORCH_REQ ?= torch
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test bench bench-preprocess bench-train bench-translate recipe-multi30k recipe-wmt14-ende clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_REQ)"
+	$(BIN)/python -m pip install --quiet -e ".[test,plot]"
+	touch $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info

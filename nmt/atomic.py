@@ -1,0 +1,43 @@
+"""Atomic file writes: a temp file in the same folder, fsync, then rename.
+
+A crash mid-write must never leave a half-written record or checkpoint where a later step
+would read it; `os.replace` is atomic on POSIX within one filesystem.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; on success rename it over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write `obj` as indented JSON to `path` atomically."""
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,372 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), Section 3.
+
+Reads in the order data flows: configuration and named architectures, sinusoidal positions
+(3.5), scaled embeddings (3.4), multi-head attention (3.2.2), the position-wise feed-forward
+network (3.3), encoder and decoder layers with residual dropout and layer norm (3.1, 5.4),
+then the encoder-decoder model with incremental decoding for beam search.
+
+Residual blocks are post-LN as in the paper: LayerNorm(x + Dropout(Sublayer(x))); `pre_ln`
+gives x + Dropout(Sublayer(LayerNorm(x))) with a final LayerNorm, as tensor2tensor's later
+default and fairseq's `--encoder-normalize-before`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt.errors import NmtError
+from nmt.tokenizer import PAD_ID
+
+
+@dataclass
+class TransformerConfig:
+    """Every hyperparameter of the model; the paper's base model by default (Table 3)."""
+
+    src_vocab_size: int = 0
+    tgt_vocab_size: int = 0
+    d_model: int = 512
+    """Width of every sublayer output and embedding (paper: 512 base, 1024 big)."""
+    d_ff: int = 2048
+    """Inner width of the feed-forward network (paper: 2048 base, 4096 big)."""
+    n_heads: int = 8
+    """Attention heads h; each has d_k = d_v = d_model / h (paper: 8 base, 16 big)."""
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    dropout: float = 0.1
+    """Residual dropout P_drop on sublayer outputs and on embeddings + positions (5.4)."""
+    attention_dropout: float = 0.0
+    """Dropout on attention weights (not in the paper; fairseq/t2t option)."""
+    relu_dropout: float = 0.0
+    """Dropout after the ReLU of the feed-forward network (not in the paper)."""
+    max_positions: int = 1024
+    """Longest sequence (subword tokens, eos included) the model accepts."""
+    share_all_embeddings: bool = True
+    """One matrix for source embeddings, target embeddings and pre-softmax projection (3.4)."""
+    share_decoder_input_output_embed: bool = True
+    """Tie target embeddings and pre-softmax projection (implied by share_all_embeddings)."""
+    pre_ln: bool = False
+    """LayerNorm before each sublayer instead of after the residual sum (paper: post-LN)."""
+
+    def validate(self) -> None:
+        if self.d_model % self.n_heads:
+            raise NmtError(f"d_model {self.d_model} must be divisible by the number of heads {self.n_heads}")
+        if self.share_all_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise NmtError(
+                "--share-all-embeddings needs one joint vocabulary, but source and target vocabularies "
+                f"differ ({self.src_vocab_size} vs {self.tgt_vocab_size}); re-run `nmt preprocess --joined` "
+                "or train with --no-share-all-embeddings"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TransformerConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+# Architectures by name: plain builders, not a registry (torchtune style).
+def transformer_tiny() -> TransformerConfig:
+    """For tests: 2+2 layers, d_model 64."""
+    return TransformerConfig(d_model=64, d_ff=128, n_heads=4, encoder_layers=2, decoder_layers=2, dropout=0.1, max_positions=256)
+
+
+def transformer_small() -> TransformerConfig:
+    """CPU-sized: 3+3 layers, d_model 256, d_ff 1024, 4 heads."""
+    return TransformerConfig(d_model=256, d_ff=1024, n_heads=4, encoder_layers=3, decoder_layers=3, dropout=0.1)
+
+
+def transformer_base() -> TransformerConfig:
+    """The paper's base model (Table 3): N=6, d_model 512, d_ff 2048, h 8, P_drop 0.1."""
+    return TransformerConfig()
+
+
+def transformer_big() -> TransformerConfig:
+    """The paper's big model (Table 3): N=6, d_model 1024, d_ff 4096, h 16, P_drop 0.3 (En-De)."""
+    return TransformerConfig(d_model=1024, d_ff=4096, n_heads=16, dropout=0.3)
+
+
+ARCHS = {
+    "tiny": transformer_tiny,
+    "small": transformer_small,
+    "base": transformer_base,
+    "big": transformer_big,
+}
+
+
+def build_config(arch: str, src_vocab_size: int, tgt_vocab_size: int, **overrides: Any) -> TransformerConfig:
+    """The named architecture with vocabulary sizes and any single-field overrides applied."""
+    if arch not in ARCHS:
+        raise NmtError(f"unknown --arch {arch!r}; known architectures: {', '.join(ARCHS)}")
+    cfg = replace(ARCHS[arch](), src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size)
+    cfg = replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+    cfg.validate()
+    return cfg
+
+
+def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...)  (Section 3.5)."""
+    pos = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)
+    inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    pe = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(pos * inv_freq)
+    pe[:, 1::2] = torch.cos(pos * inv_freq)
+    return pe.float()
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, each head scaled dot-product (3.2).
+
+    Runs through `F.scaled_dot_product_attention`, so fused kernels are used where available.
+    Self-attention projects Q, K, V with one matrix; encoder-decoder attention projects K, V
+    of the encoder output with one matrix, once per sentence.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float, self_attention: bool):
+        super().__init__()
+        self.n_heads, self.d_head, self.dropout = n_heads, d_model // n_heads, dropout
+        self.self_attention = self_attention
+        if self_attention:
+            self.qkv_proj = nn.Linear(d_model, 3 * d_model)
+        else:
+            self.q_proj = nn.Linear(d_model, d_model)
+            self.kv_proj = nn.Linear(d_model, 2 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        for lin in self.modules():
+            if isinstance(lin, nn.Linear):
+                nn.init.xavier_uniform_(lin.weight)
+                nn.init.zeros_(lin.bias)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, h, T, d_head)
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of the encoder output, (B, h, S, d_head) each."""
+        k, v = self.kv_proj(memory).chunk(2, dim=-1)
+        return self._heads(k), self._heads(v)
+
+    def forward(
+        self,
+        x: Tensor,
+        kv: Optional[tuple[Tensor, Tensor]] = None,
+        attn_mask: Optional[Tensor] = None,
+        is_causal: bool = False,
+        cache: Optional[dict[str, Tensor]] = None,
+    ) -> Tensor:
+        """x: (B, T, d_model). Self-attention uses x for K, V (appending to `cache` when
+        decoding step by step); encoder-decoder attention takes precomputed `kv`."""
+        B, T, D = x.shape
+        if self.self_attention:
+            q, k, v = (self._heads(t) for t in self.qkv_proj(x).chunk(3, dim=-1))
+            if cache is not None:
+                if "k" in cache:
+                    k = torch.cat([cache["k"], k], dim=2)
+                    v = torch.cat([cache["v"], v], dim=2)
+                cache["k"], cache["v"] = k, v
+        else:
+            q = self._heads(self.q_proj(x))
+            k, v = kv
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal
+        )
+        return self.out_proj(out.transpose(1, 2).reshape(B, T, D))  # (B, T, d_model)
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2  (Section 3.3)."""
+
+    def __init__(self, d_model: int, d_ff: int, relu_dropout: float):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.relu_dropout = relu_dropout
+        for lin in (self.fc1, self.fc2):
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.relu(self.fc1(x))
+        return self.fc2(F.dropout(h, self.relu_dropout, self.training))
+
+
+class Residual(nn.Module):
+    """Residual dropout and layer norm around one sublayer (Sections 3.1 and 5.4)."""
+
+    def __init__(self, d_model: int, dropout: float, pre_ln: bool):
+        super().__init__()
+        self.norm, self.dropout, self.pre_ln = nn.LayerNorm(d_model), dropout, pre_ln
+
+    def forward(self, x: Tensor, sublayer) -> Tensor:
+        if self.pre_ln:
+            return x + F.dropout(sublayer(self.norm(x)), self.dropout, self.training)
+        return self.norm(x + F.dropout(sublayer(x), self.dropout, self.training))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, self_attention=True)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.relu_dropout)
+        self.attn_block = Residual(cfg.d_model, cfg.dropout, cfg.pre_ln)
+        self.ffn_block = Residual(cfg.d_model, cfg.dropout, cfg.pre_ln)
+
+    def forward(self, x: Tensor, attn_mask: Optional[Tensor]) -> Tensor:
+        x = self.attn_block(x, lambda h: self.self_attn(h, attn_mask=attn_mask))
+        return self.ffn_block(x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, self_attention=True)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, self_attention=False)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.relu_dropout)
+        self.self_block = Residual(cfg.d_model, cfg.dropout, cfg.pre_ln)
+        self.cross_block = Residual(cfg.d_model, cfg.dropout, cfg.pre_ln)
+        self.ffn_block = Residual(cfg.d_model, cfg.dropout, cfg.pre_ln)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory_kv: tuple[Tensor, Tensor],
+        memory_mask: Optional[Tensor],
+        cache: Optional[dict[str, Tensor]] = None,
+    ) -> Tensor:
+        # Targets are right-padded, so the causal mask alone keeps real positions off padding.
+        causal = cache is None and x.size(1) > 1
+        x = self.self_block(x, lambda h: self.self_attn(h, is_causal=causal, cache=cache))
+        x = self.cross_block(x, lambda h: self.cross_attn(h, kv=memory_kv, attn_mask=memory_mask))
+        return self.ffn_block(x, self.ffn)
+
+
+class EncoderOut(NamedTuple):
+    states: Tensor  # (B, S, d_model)
+    attn_mask: Optional[Tensor]  # (B, 1, 1, S) bool, True where attention is allowed; None: no padding
+
+
+class DecoderState:
+    """What incremental decoding carries between steps: per-layer self-attention caches,
+    the encoder-decoder keys/values (computed once), the source mask and the step."""
+
+    def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], memory_mask: Optional[Tensor]):
+        self.memory_kv = memory_kv
+        self.memory_mask = memory_mask
+        self.caches: list[dict[str, Tensor]] = [{} for _ in memory_kv]
+        self.step = 0
+
+    def reorder(self, order: Tensor) -> None:
+        """Keep rows `order` (beam search: surviving hypotheses' parents), in that order."""
+        self.memory_kv = [(k.index_select(0, order), v.index_select(0, order)) for k, v in self.memory_kv]
+        if self.memory_mask is not None:
+            self.memory_mask = self.memory_mask.index_select(0, order)
+        for c in self.caches:
+            for name in list(c):
+                c[name] = c[name].index_select(0, order)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer (Figure 1) with shared, sqrt(d_model)-scaled embeddings."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.src_embed = nn.Embedding(cfg.src_vocab_size, d, padding_idx=PAD_ID)
+        nn.init.normal_(self.src_embed.weight, mean=0.0, std=d**-0.5)
+        nn.init.zeros_(self.src_embed.weight[PAD_ID])
+        if cfg.share_all_embeddings:
+            self.tgt_embed = self.src_embed
+        else:
+            self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=PAD_ID)
+            nn.init.normal_(self.tgt_embed.weight, mean=0.0, std=d**-0.5)
+            nn.init.zeros_(self.tgt_embed.weight[PAD_ID])
+        if cfg.share_all_embeddings or cfg.share_decoder_input_output_embed:
+            self.output_proj = None
+        else:
+            self.output_proj = nn.Linear(d, cfg.tgt_vocab_size, bias=False)
+            nn.init.normal_(self.output_proj.weight, mean=0.0, std=d**-0.5)
+        self.register_buffer("positions", sinusoidal_positions(cfg.max_positions, d), persistent=False)
+        self.embed_scale = math.sqrt(d)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.encoder_norm = nn.LayerNorm(d) if cfg.pre_ln else None
+        self.decoder_norm = nn.LayerNorm(d) if cfg.pre_ln else None
+
+    # -- embeddings ---------------------------------------------------------------------
+    def _embed(self, table: nn.Embedding, tokens: Tensor, start: int = 0) -> Tensor:
+        """Dropout(sqrt(d_model) * E[tokens] + PE[positions])  (Sections 3.4, 3.5, 5.4)."""
+        T = tokens.size(1)
+        x = table(tokens) * self.embed_scale + self.positions[start : start + T]
+        return F.dropout(x, self.cfg.dropout, self.training)
+
+    @property
+    def output_weight(self) -> Tensor:
+        """Pre-softmax projection (vocab, d_model): the target embedding when shared."""
+        return self.output_proj.weight if self.output_proj is not None else self.tgt_embed.weight
+
+    # -- encoder ------------------------------------------------------------------------
+    def encode(self, src_tokens: Tensor) -> EncoderOut:
+        """src_tokens: (B, S) right-padded with PAD_ID, eos-terminated."""
+        pad = src_tokens.eq(PAD_ID)
+        attn_mask = (~pad)[:, None, None, :] if bool(pad.any()) else None  # (B, 1, 1, S)
+        x = self._embed(self.src_embed, src_tokens)
+        for layer in self.encoder_layers:
+            x = layer(x, attn_mask)
+        if self.encoder_norm is not None:
+            x = self.encoder_norm(x)
+        return EncoderOut(x, attn_mask)
+
+    # -- decoder ------------------------------------------------------------------------
+    def decode_hidden(self, prev_tokens: Tensor, enc: EncoderOut) -> Tensor:
+        """Teacher-forced decoder states (B, T, d_model) for bos-prefixed target prefixes."""
+        x = self._embed(self.tgt_embed, prev_tokens)
+        for layer in self.decoder_layers:
+            x = layer(x, layer.cross_attn.project_kv(enc.states), enc.attn_mask)
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        return x
+
+    def project(self, hidden: Tensor) -> Tensor:
+        """Pre-softmax linear transformation to vocabulary logits."""
+        return F.linear(hidden, self.output_weight)
+
+    def forward(self, src_tokens: Tensor, prev_tokens: Tensor) -> Tensor:
+        """Logits (B, T, tgt_vocab) of every next target token."""
+        return self.project(self.decode_hidden(prev_tokens, self.encode(src_tokens)))
+
+    # -- incremental decoding (beam search) ---------------------------------------------
+    def init_decoder_state(self, enc: EncoderOut) -> DecoderState:
+        """Encoder-decoder keys/values of every layer, computed once for the whole search."""
+        return DecoderState([layer.cross_attn.project_kv(enc.states) for layer in self.decoder_layers], enc.attn_mask)
+
+    def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
+        """Feed one token per row (B,), return next-token logits (B, tgt_vocab); advances state."""
+        x = self._embed(self.tgt_embed, tokens[:, None], start=state.step)  # (B, 1, d_model)
+        for layer, kv, cache in zip(self.decoder_layers, state.memory_kv, state.caches):
+            x = layer(x, kv, state.memory_mask, cache=cache)
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        state.step += 1
+        return self.project(x[:, 0])
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Distinct parameters (a shared embedding counts once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def non_embedding_parameters(model: Transformer) -> tuple[int, int]:
+    """(encoder, decoder) parameters excluding embeddings and the output projection."""
+    enc = sum(p.numel() for p in model.encoder_layers.parameters())
+    enc += sum(p.numel() for p in model.encoder_norm.parameters()) if model.encoder_norm is not None else 0
+    dec = sum(p.numel() for p in model.decoder_layers.parameters())
+    dec += sum(p.numel() for p in model.decoder_norm.parameters()) if model.decoder_norm is not None else 0
+    return enc, dec

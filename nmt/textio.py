@@ -1,0 +1,65 @@
+"""Reading parallel text: plain or gzip, strict UTF-8 with the line number of a bad byte."""
+
+from __future__ import annotations
+
+import gzip
+import io
+from pathlib import Path
+from typing import IO, Iterator
+
+from nmt.errors import NmtError
+
+
+def open_binary(path: str | Path) -> IO[bytes]:
+    """Open `path` for reading bytes, decompressing `.gz` transparently."""
+    path = Path(path)
+    if not path.is_file():
+        raise NmtError(f"file not found: {path}")
+    if path.suffix == ".gz":
+        return gzip.open(path, "rb")
+    return open(path, "rb", buffering=1 << 20)
+
+
+def decode_line(raw: bytes, path: str | Path, lineno: int, errors: str = "strict") -> str:
+    """Decode one line; a bad byte is a user error naming the file and 1-based line."""
+    try:
+        return raw.decode("utf-8", errors=errors)
+    except UnicodeDecodeError as e:
+        raise NmtError(
+            f"invalid UTF-8 in {path} at line {lineno} (byte {e.start}); fix the file or pass "
+            f"--encoding-errors replace"
+        ) from None
+
+
+def read_lines(path: str | Path, errors: str = "strict") -> Iterator[str]:
+    """Yield the lines of `path` without their line ends."""
+    with open_binary(path) as f:
+        for lineno, raw in enumerate(f, 1):
+            yield decode_line(raw, path, lineno, errors).rstrip("\r\n")
+
+
+def count_lines(path: str | Path) -> int:
+    """Count lines quickly, reading in 1 MiB blocks (a last line without newline counts)."""
+    n = 0
+    last = b"\n"
+    with open_binary(path) as f:
+        while True:
+            block = f.read(1 << 20)
+            if not block:
+                break
+            n += block.count(b"\n")
+            last = block[-1:]
+    return n + (last != b"\n")
+
+
+def stdin_lines(stream: IO[bytes], errors: str = "strict", name: str = "<stdin>") -> Iterator[str]:
+    """Yield decoded lines of a binary stream, naming the line of any bad byte."""
+    for lineno, raw in enumerate(stream, 1):
+        yield decode_line(raw, name, lineno, errors).rstrip("\r\n")
+
+
+def text_stdout() -> io.TextIOWrapper:
+    """A UTF-8 line-buffered text stdout, whatever the locale says."""
+    import sys
+
+    return io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", line_buffering=False, newline="\n")

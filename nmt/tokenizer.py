@@ -1,0 +1,170 @@
+"""Subword tokenizers behind one small interface: SentencePiece (BPE, unigram) and WordPiece.
+
+Every vocabulary uses the same special ids, so the model and the data never need to ask:
+pad=0, unk=1, bos=2, eos=3. Sources and targets are stored without specials; the batcher
+appends eos (and the decoder input starts with bos).
+
+WordPiece (the paper's En-Fr setup, Wu et al. 2016) is HF tokenizers' WordPiece model over a
+whitespace-marking pre-tokenizer (Metaspace, "▁" before each word, punctuation split off),
+so decoding is exact: join the pieces, drop "##", turn "▁" back into spaces.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable, Protocol, Sequence
+
+from nmt.errors import NmtError
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+SPECIAL_TOKENS = ["<pad>", "<unk>", "<s>", "</s>"]
+VOCAB_TYPES = ("bpe", "unigram", "wordpiece")
+
+
+class Tokenizer(Protocol):
+    """Text <-> token ids, batched so the heavy lifting stays in C++/Rust."""
+
+    vocab_size: int
+
+    def encode(self, lines: Sequence[str]) -> list[list[int]]: ...
+
+    def decode(self, ids: Sequence[Sequence[int]]) -> list[str]: ...
+
+
+class SentencePieceTokenizer:
+    """A SentencePiece model (BPE or unigram) with nmt's special ids."""
+
+    def __init__(self, path: str | os.PathLike, num_threads: int = 0):
+        import sentencepiece as spm
+
+        self.path = Path(path)
+        self.sp = spm.SentencePieceProcessor(model_file=str(path))
+        self.vocab_size = self.sp.get_piece_size()
+        self.num_threads = num_threads if num_threads > 0 else (os.cpu_count() or 1)
+
+    def encode(self, lines: Sequence[str]) -> list[list[int]]:
+        return self.sp.encode(list(lines), out_type=int, num_threads=self.num_threads)
+
+    def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
+        return self.sp.decode([[i for i in seq if i > EOS_ID] for seq in ids], num_threads=self.num_threads)
+
+
+class WordPieceTokenizer:
+    """An HF tokenizers WordPiece model with nmt's special ids and exact decoding."""
+
+    def __init__(self, path: str | os.PathLike, num_threads: int = 0):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        self.path = Path(path)
+        self.tok = HFTokenizer.from_file(str(path))
+        self.vocab_size = self.tok.get_vocab_size()
+        self._pieces = [self.tok.id_to_token(i) for i in range(self.vocab_size)]
+
+    def encode(self, lines: Sequence[str]) -> list[list[int]]:
+        return [enc.ids for enc in self.tok.encode_batch(list(lines), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
+        pieces = self._pieces
+        out = []
+        for seq in ids:
+            text = "".join(p[2:] if p.startswith("##") else p for p in (pieces[i] for i in seq if i > EOS_ID or i == UNK_ID))
+            out.append(text.replace("▁", " ").strip())
+        return out
+
+
+def load_tokenizer(path: str | os.PathLike, num_threads: int = 0) -> Tokenizer:
+    """Load a tokenizer written by `train_tokenizer` (`.model`: SentencePiece, `.json`: WordPiece)."""
+    path = Path(path)
+    if not path.is_file():
+        raise NmtError(f"vocabulary not found: {path}; run `nmt preprocess` first")
+    if path.suffix == ".json":
+        return WordPieceTokenizer(path, num_threads)
+    return SentencePieceTokenizer(path, num_threads)
+
+
+def tokenizer_filename(vocab_type: str, name: str) -> str:
+    """File name of a vocabulary in `vocab/`: `joint.model`, `en.model`, `joint.json`, ..."""
+    return f"{name}.json" if vocab_type == "wordpiece" else f"{name}.model"
+
+
+def train_tokenizer(
+    vocab_type: str,
+    lines: Iterable[str],
+    vocab_size: int,
+    output: str | os.PathLike,
+    character_coverage: float = 1.0,
+    num_threads: int = 0,
+) -> Path:
+    """Learn a vocabulary of `vocab_size` pieces from `lines` and write it to `output`.
+
+    SentencePiece's "vocabulary too large" error becomes advice with the largest size the
+    data supports.
+    """
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    num_threads = num_threads if num_threads > 0 else (os.cpu_count() or 1)
+    if vocab_type == "wordpiece":
+        _train_wordpiece(lines, vocab_size, output)
+        return output
+    if vocab_type not in ("bpe", "unigram"):
+        raise NmtError(f"unknown --vocab-type {vocab_type!r}; choose one of {', '.join(VOCAB_TYPES)}")
+    import sentencepiece as spm
+
+    prefix = str(output.with_suffix(""))
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(lines),
+            model_prefix=prefix,
+            model_type=vocab_type,
+            vocab_size=vocab_size,
+            character_coverage=character_coverage,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            pad_piece=SPECIAL_TOKENS[0],
+            unk_piece=SPECIAL_TOKENS[1],
+            bos_piece=SPECIAL_TOKENS[2],
+            eos_piece=SPECIAL_TOKENS[3],
+            num_threads=num_threads,
+            input_sentence_size=0,
+            max_sentence_length=1 << 16,
+            minloglevel=2,
+        )
+    except RuntimeError as e:
+        msg = str(e)
+        if "Vocabulary size too high" in msg or "vocab_size" in msg.lower():
+            import re
+
+            m = re.search(r"value <= (\d+)", msg)
+            limit = f" (at most {m.group(1)} for this data)" if m else ""
+            raise NmtError(
+                f"--vocab-size {vocab_size} is more than this training data supports{limit}; "
+                f"choose a smaller --vocab-size or use more data"
+            ) from None
+        raise NmtError(f"SentencePiece could not learn a vocabulary: {msg.splitlines()[-1] if msg else e}") from None
+    finally:
+        vocab_file = Path(prefix + ".vocab")
+        if vocab_file.exists():
+            vocab_file.unlink()
+    return output
+
+
+def _train_wordpiece(lines: Iterable[str], vocab_size: int, output: Path) -> None:
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, normalizers, pre_tokenizers, trainers
+
+    tok = HFTokenizer(models.WordPiece(unk_token=SPECIAL_TOKENS[UNK_ID], max_input_chars_per_word=100))
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always"), pre_tokenizers.Punctuation()]
+    )
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
+    tok.train_from_iterator(lines, trainer=trainer)
+    if tok.get_vocab_size() < vocab_size:
+        raise NmtError(
+            f"--vocab-size {vocab_size} is more than this training data supports "
+            f"(WordPiece found only {tok.get_vocab_size()} pieces); choose a smaller --vocab-size"
+        )
+    tok.save(str(output))
