@@ -22,5 +22,18 @@ $(STAMP): pyproject.toml Makefile
 test: install
 	$(BIN)/python -m pytest -q tests
 
+# Benchmarks print their numbers and write bench/results/*.json (one at a time: they time the CPU).
+bench: install
+	$(BIN)/python bench/bench_all.py
+
+bench-preprocess: install
+	$(BIN)/python bench/bench_preprocess.py --json-out bench/results/preprocess.json
+
+bench-train: install
+	$(BIN)/python bench/bench_train.py
+
+bench-translate: install
+	$(BIN)/python bench/bench_translate.py
+
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -52,21 +52,35 @@ class TokenArray:
 
 
 class TokenArrayWriter:
-    """Append sentences' ids to a split side, streaming; `close()` writes the offsets."""
+    """Append sentences' ids to a split side, streaming both files; `close()` finishes them.
+
+    Offsets are written as they come rather than kept in memory, so memory stays flat however
+    many sentences a split has.
+    """
 
     def __init__(self, bin_path: Path, idx_path: Path, dtype: np.dtype):
-        self.bin_path, self.idx_path, self.dtype = bin_path, idx_path, np.dtype(dtype)
-        self._bin = open(bin_path, "wb")
-        self._offsets = [np.zeros(1, dtype=np.int64)]
+        self.bin_path, self.idx_path, self.dtype = Path(bin_path), Path(idx_path), np.dtype(dtype)
+        self._bin = open(self.bin_path, "wb")
+        self._idx = open(self.idx_path, "wb")
+        self._idx.write(np.zeros(1, dtype=np.int64).tobytes())
         self._total = 0
 
     def add(self, flat: np.ndarray, sizes: np.ndarray) -> None:
         """Append a block of sentences given as concatenated ids and per-sentence sizes."""
-        self._bin.write(np.ascontiguousarray(flat, dtype=self.dtype).tobytes())
+        flat = np.ascontiguousarray(flat, dtype=self.dtype)
         ends = np.cumsum(sizes, dtype=np.int64) + self._total
-        self._offsets.append(ends)
-        self._total = int(ends[-1]) if len(ends) else self._total
+        if (int(ends[-1]) if len(ends) else self._total) != self._total + len(flat):
+            raise ValueError(f"sizes add up to {int(ends[-1]) - self._total if len(ends) else 0} tokens, but {len(flat)} ids were given")
+        self._bin.write(flat.tobytes())
+        self._idx.write(ends.tobytes())
+        self._total += len(flat)
 
     def close(self) -> None:
         self._bin.close()
-        np.concatenate(self._offsets).tofile(self.idx_path)
+        self._idx.close()
+
+    def __enter__(self) -> "TokenArrayWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -338,9 +338,11 @@ class Transformer(nn.Module):
         """Pre-softmax linear transformation to vocabulary logits."""
         return F.linear(hidden, self.output_weight)
 
-    def forward(self, src_tokens: Tensor, prev_tokens: Tensor) -> Tensor:
-        """Logits (B, T, tgt_vocab) of every next target token."""
-        return self.project(self.decode_hidden(prev_tokens, self.encode(src_tokens)))
+    def forward(self, src_tokens: Tensor, prev_tokens: Tensor, return_hidden: bool = False) -> Tensor:
+        """Logits (B, T, tgt_vocab) of every next target token; with `return_hidden`, the
+        decoder states before the projection (training projects non-pad positions only)."""
+        hidden = self.decode_hidden(prev_tokens, self.encode(src_tokens))
+        return hidden if return_hidden else self.project(hidden)
 
     # -- incremental decoding (beam search) ---------------------------------------------
     def init_decoder_state(self, enc: EncoderOut) -> DecoderState:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Iterator, Sequence
 
 from nmt.errors import NmtError
 
@@ -29,6 +29,34 @@ def decode_line(raw: bytes, path: str | Path, lineno: int, errors: str = "strict
             f"invalid UTF-8 in {path} at line {lineno} (byte {e.start}); fix the file or pass "
             f"--encoding-errors replace"
         ) from None
+
+
+def decode_block(block: bytes, path: str | Path, first_lineno: int, errors: str = "strict",
+                 linenos: Sequence[int] | None = None) -> list[str]:
+    """Decode a block of whole lines (each ending in b"\\n", the last one may not) at once.
+
+    One `bytes.decode` per block instead of one per line keeps binarization fast; a bad byte
+    is still reported with its file and 1-based line: `first_lineno` + the lines before it, or
+    `linenos[i]` for the block's i-th line when the block holds non-consecutive lines.
+    """
+    try:
+        text = block.decode("utf-8", errors=errors)
+    except UnicodeDecodeError as e:
+        index = block.count(b"\n", 0, e.start)
+        lineno = linenos[index] if linenos is not None else first_lineno + index
+        column = e.start - (block.rfind(b"\n", 0, e.start) + 1)
+        raise NmtError(
+            f"invalid UTF-8 in {path} at line {lineno} (byte {column}); fix the file or pass "
+            f"--encoding-errors replace"
+        ) from None
+    # Split on "\n" only, as the line count does: str.splitlines() would also split on
+    # U+2028 and friends and misalign source and target.
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    if "\r" in text:
+        lines = [line.rstrip("\r") for line in lines]
+    return lines
 
 
 def read_lines(path: str | Path, errors: str = "strict") -> Iterator[str]:

@@ -133,22 +133,32 @@ def train_tokenizer(
             minloglevel=2,
         )
     except RuntimeError as e:
-        msg = str(e)
-        if "Vocabulary size too high" in msg or "vocab_size" in msg.lower():
-            import re
-
-            m = re.search(r"value <= (\d+)", msg)
-            limit = f" (at most {m.group(1)} for this data)" if m else ""
-            raise NmtError(
-                f"--vocab-size {vocab_size} is more than this training data supports{limit}; "
-                f"choose a smaller --vocab-size or use more data"
-            ) from None
-        raise NmtError(f"SentencePiece could not learn a vocabulary: {msg.splitlines()[-1] if msg else e}") from None
+        raise NmtError(_sentencepiece_advice(str(e), vocab_size)) from None
     finally:
         vocab_file = Path(prefix + ".vocab")
         if vocab_file.exists():
             vocab_file.unlink()
     return output
+
+
+def _sentencepiece_advice(msg: str, vocab_size: int) -> str:
+    """Turn a SentencePiece trainer error into one line that says what to change."""
+    import re
+
+    if "Vocabulary size too high" in msg:
+        m = re.search(r"value <= (\d+)", msg)
+        limit = f" (at most {m.group(1)} for this data)" if m else ""
+        return (f"--vocab-size {vocab_size} is more than this training data supports{limit}; "
+                f"choose a smaller --vocab-size or use more data")
+    if "smaller than required_chars" in msg:
+        m = re.search(r"(\d+) vs (\d+)", msg)
+        need = f" (the data has {int(m.group(2)) - len(SPECIAL_TOKENS)} characters to cover, plus {len(SPECIAL_TOKENS)} special tokens: at least {m.group(2)})" if m else ""
+        return (f"--vocab-size {vocab_size} is too small for the characters of this data{need}; "
+                f"choose a larger --vocab-size or lower --character-coverage")
+    if "sentences_.empty()" in msg:
+        return "no training sentences to learn a vocabulary from; check --trainpref"
+    last = msg.strip().splitlines()[-1] if msg.strip() else "unknown error"
+    return f"SentencePiece could not learn a vocabulary: {last}"
 
 
 def _train_wordpiece(lines: Iterable[str], vocab_size: int, output: Path) -> None:
@@ -162,6 +172,14 @@ def _train_wordpiece(lines: Iterable[str], vocab_size: int, output: Path) -> Non
     )
     trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
     tok.train_from_iterator(lines, trainer=trainer)
+    if tok.get_vocab_size() == len(SPECIAL_TOKENS):
+        raise NmtError("no training sentences to learn a vocabulary from; check --trainpref")
+    if tok.get_vocab_size() > vocab_size:
+        # The trainer always keeps every character of the data (the initial alphabet).
+        raise NmtError(
+            f"--vocab-size {vocab_size} is too small for the characters of this data "
+            f"(WordPiece needs at least {tok.get_vocab_size()} pieces); choose a larger --vocab-size"
+        )
     if tok.get_vocab_size() < vocab_size:
         raise NmtError(
             f"--vocab-size {vocab_size} is more than this training data supports "

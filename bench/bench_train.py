@@ -1,0 +1,126 @@
+"""Training throughput: `--arch small` on Multi30k, 200 updates at --max-tokens 4096, 2 threads.
+
+Prints target tokens/s, source+target tokens/s, peak RSS, and model FLOP/s as a fraction of
+the fp32 matmul FLOP/s measured by this same script (a ratio that survives noisy machines).
+Model FLOPs per update = 6 x (non-embedding encoder parameters x source tokens +
+(non-embedding decoder parameters + vocabulary x d_model) x target tokens), padding excluded.
+Each precision runs in its own process so peak RSS is its own.
+
+    python bench/bench_train.py [--updates 200] [--amp none bf16] [--run-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import DEFAULT_MULTI30K, REPO, matmul_flops, peak_rss_mib, write_result  # noqa: E402
+
+
+def prepare(run_dir: Path, multi30k: Path) -> None:
+    if (run_dir / "config/preprocess.json").is_file():
+        return
+    subprocess.run([sys.executable, "-m", "nmt_cli", "preprocess", "-r", str(run_dir), "-s", "en", "-t", "de",
+                    "--trainpref", str(multi30k / "train"), "--validpref", str(multi30k / "val"),
+                    "--vocab-size", "8000"], check=True)
+
+
+def measure(run_dir: Path, arch: str, amp: str, updates: int, max_tokens: int, threads: int, device: str) -> dict:
+    """Train `updates` updates in this process; time the training steps only."""
+    import torch
+
+    from nmt.distributed import DistContext, resolve_device
+    from nmt.model import non_embedding_parameters
+    from nmt.train import Trainer
+    from nmt.train_config import TrainConfig
+
+    torch.set_num_threads(threads)
+    work = Path(tempfile.mkdtemp(prefix="bench-train-"))
+    for sub in ("config", "vocab", "data"):
+        shutil.copytree(run_dir / sub, work / sub)
+    cfg = TrainConfig(arch=arch, amp=amp, max_tokens=max_tokens, threads=threads, device=device,
+                      no_progress_bar=True, save_interval_minutes=0, max_update=updates, log_interval=10**9)
+    dev = resolve_device(device)
+    trainer = Trainer(work, cfg, DistContext(0, 1, 0, dev))
+    enc, dec = non_embedding_parameters(trainer.model)
+    vocab_proj = trainer.model_cfg.tgt_vocab_size * trainer.model_cfg.d_model
+    groups = []
+    epoch = 1
+    while len(groups) < updates:
+        groups += trainer.epoch_groups(epoch)
+        epoch += 1
+    src_tok = tgt_tok = flops = 0.0
+    losses = []
+    sync = (lambda: torch.cuda.synchronize()) if dev.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    for g in groups[:updates]:
+        out = trainer.train_step(g)
+        src_tok += out["src_tokens"]
+        tgt_tok += out["ntokens"]
+        flops += 6 * (enc * out["src_tokens"] + (dec + vocab_proj) * out["ntokens"])
+        losses.append(out["loss_sum"] / out["ntokens"] / 0.6931471805599453)
+    sync()
+    elapsed = time.perf_counter() - start
+    shutil.rmtree(work, ignore_errors=True)
+    return {"arch": arch, "amp": amp, "updates": updates, "seconds": round(elapsed, 2),
+            "tgt_tokens_per_s": round(tgt_tok / elapsed, 1), "src_tgt_tokens_per_s": round((src_tok + tgt_tok) / elapsed, 1),
+            "model_flops_per_s": flops / elapsed, "peak_rss_mib": round(peak_rss_mib(), 1),
+            "loss_first10": round(sum(losses[:10]) / 10, 4), "loss_last10": round(sum(losses[-10:]) / 10, 4),
+            "loss_curve": [round(x, 4) for x in losses]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run-dir", type=Path, default=REPO / "bench" / "results" / "multi30k-run")
+    ap.add_argument("--multi30k", type=Path, default=DEFAULT_MULTI30K)
+    ap.add_argument("--arch", default="small")
+    ap.add_argument("--updates", type=int, default=200)
+    ap.add_argument("--max-tokens", type=int, default=4096)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--amp", nargs="+", default=["none", "bf16"])
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one precision in this process
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(measure(args.run_dir, args.arch, args.one, args.updates, args.max_tokens, args.threads, args.device)))
+        return
+    prepare(args.run_dir, args.multi30k)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    peaks = {"fp32": matmul_flops(torch.float32)}
+    if args.device == "cpu" and "bf16" in args.amp:
+        peaks["bf16"] = matmul_flops(torch.bfloat16)
+    results = {}
+    for amp in args.amp:
+        cmd = [sys.executable, __file__, "--one", amp, "--run-dir", str(args.run_dir), "--arch", args.arch,
+               "--updates", str(args.updates), "--max-tokens", str(args.max_tokens), "--threads", str(args.threads),
+               "--device", args.device]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        r = json.loads(out)
+        r["fraction_of_fp32_matmul_peak"] = round(r["model_flops_per_s"] / peaks["fp32"], 3)
+        results[amp] = r
+        print(f"train {args.arch} amp={amp}: {r['tgt_tokens_per_s']:.0f} target tok/s, "
+              f"{r['src_tgt_tokens_per_s']:.0f} src+tgt tok/s, model {r['model_flops_per_s'] / 1e9:.1f} GFLOP/s = "
+              f"{r['fraction_of_fp32_matmul_peak']:.2f} x fp32 matmul peak, peak RSS {r['peak_rss_mib']:.0f} MiB, "
+              f"loss {r['loss_first10']:.3f} -> {r['loss_last10']:.3f} (bits/token)")
+    summary = {"benchmark": "train", "matmul_flops_per_s": peaks, "threads": args.threads, "results": results,
+               "flop_count": "6 x (enc non-embedding params x src tokens + (dec non-embedding params + V x d_model) x tgt tokens), padding excluded"}
+    if "none" in results and "bf16" in results:
+        summary["bf16_speedup"] = round(results["bf16"]["tgt_tokens_per_s"] / results["none"]["tgt_tokens_per_s"], 3)
+        print(f"bf16 / fp32 target tokens/s: {summary['bf16_speedup']:.2f}x")
+    print(f"fp32 matmul peak {peaks['fp32'] / 1e9:.1f} GFLOP/s" + (f", bf16 {peaks['bf16'] / 1e9:.1f} GFLOP/s" if "bf16" in peaks else ""))
+    print("wrote", write_result("train", summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""Translation speed: sentences/s, target tokens/s and peak RSS, with beam 4 and greedy, in
+process; then the whole `nmt translate` command, start-up included. Prints one JSON line last
+(also written to bench/results/translate.json).
+
+Also the model FLOP/s as a fraction of the fp32 matmul FLOP/s measured here with the same
+threads (a ratio that survives a noisy machine): model FLOPs = 2 x (encoder non-embedding
+parameters + decoder encoder-key/value projections) x source tokens + 2 x (the rest of the
+decoder + vocabulary x d_model) x decoder rows, one row per hypothesis per step.
+
+    .venv/bin/python bench/bench_translate.py [RUN_DIR] [--limit N] [--threads 2]
+
+RUN_DIR: a trained run directory (its checkpoint_avg/best/last.pt). Without one, the bench
+builds a run in a temporary folder: a joint BPE vocabulary (--vocab-size, 8000) learned on
+Multi30k train (en+de) and a randomly initialised model (--arch, `small`: 3+3 layers, d_model
+256). Random weights almost never choose eos, so their outputs would run to the length limit
+(source + 50); the bench then limits outputs to --max-len-a 1 --max-len-b 0, as long as their
+sources, which is about a trained model's length on test_2016_flickr (German references: 14.3
+subword tokens per line, English sources: 14.2). The numbers of a trained model differ: it
+stops at eos, and its beam may run a few steps past the best hypothesis.
+
+For the GPU check (the paper's `base`, newstest2014, bf16):
+    python bench/bench_translate.py --arch base --device cuda --amp bf16 \\
+        --source ../shared/data/wmt14/newstest2014.en.gz --threads 0 --max-tokens 16384 --no-cli
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import DEFAULT_MULTI30K, REPO, matmul_flops, peak_rss_mib, write_result  # noqa: E402
+
+sys.path.insert(0, str(REPO))
+
+
+def build_random_run(root: Path, multi30k: Path, arch: str, vocab_size: int) -> Path:
+    """A run directory with a learned vocabulary and a random model, as preprocess + train leave it."""
+    import torch
+
+    from nmt.checkpoint import save_checkpoint
+    from nmt.model import Transformer, build_config
+    from nmt.rundir import RunDir
+    from nmt.tokenizer import load_tokenizer, train_tokenizer
+
+    lines = [l.rstrip("\n") for name in ("train.en.gz", "train.de.gz") for l in gzip.open(multi30k / name, "rt", encoding="utf-8")]
+    model_file = train_tokenizer("bpe", lines, vocab_size, root / "vocab" / "joint.model")
+    vocab = load_tokenizer(model_file).vocab_size
+    RunDir(root).write_record("preprocess", {
+        "source_lang": "en", "target_lang": "de", "vocab_type": "bpe", "joined": True,
+        "vocab": {"en": "vocab/joint.model", "de": "vocab/joint.model"},
+        "vocab_sizes": {"en": vocab, "de": vocab}, "dtype": "uint16", "moses": False, "splits": {},
+    })
+    torch.manual_seed(0)
+    model = Transformer(build_config(arch, vocab, vocab))
+    save_checkpoint(root / "checkpoints" / "checkpoint_last.pt", {"model": model.state_dict(), "config": model.cfg.to_dict()})
+    return root
+
+
+def model_flops(model, source_tokens: int, decoder_rows: int) -> float:
+    """Matrix-product FLOPs of one translation run (attention scores and softmax left out)."""
+    enc = sum(p.numel() for p in model.encoder_layers.parameters())
+    memory_kv = sum(layer.cross_attn.kv_proj.weight.numel() for layer in model.decoder_layers)
+    dec = sum(p.numel() for p in model.decoder_layers.parameters()) - memory_kv
+    out = model.cfg.tgt_vocab_size * model.cfg.d_model
+    return 2.0 * ((enc + memory_kv) * source_tokens + (dec + out) * decoder_rows)
+
+
+def time_in_process(run: Path, lines: list[str], beam: int, args, length: dict) -> dict:
+    from nmt.model import Transformer
+    from nmt.translate import load_translator
+    from nmt.translate_config import SearchConfig, TranslateConfig
+
+    search = SearchConfig(beam=beam, **length)
+    cfg = TranslateConfig(device=args.device, threads=args.threads, amp=args.amp, max_tokens=args.max_tokens)
+    translator = load_translator(run, search=search, cfg=cfg)
+    translator.translate(lines[:32])  # warm-up: allocator, GEMM kernels
+    translator.target_tokens = 0
+
+    rows = [0]
+    decode_step = Transformer.decode_step
+
+    def counting_step(self, tokens, state):  # one Python call per step: no measurable cost
+        rows[0] += tokens.numel()
+        return decode_step(self, tokens, state)
+
+    Transformer.decode_step = counting_step
+    try:
+        start = time.perf_counter()
+        out = translator.translate(lines)
+        seconds = time.perf_counter() - start
+    finally:
+        Transformer.decode_step = decode_step
+    assert len(out) == len(lines)
+    source_tokens = sum(min(len(ids), translator.max_positions - 1) + 1
+                        for ids in translator.src_tokenizer.encode(lines) if ids)
+    flops = model_flops(translator.models[0], source_tokens, rows[0])
+    return {
+        "seconds": round(seconds, 3),
+        "sentences_per_s": round(len(lines) / seconds, 1),
+        "target_tokens_per_s": round(translator.target_tokens / seconds, 1),
+        "target_tokens": translator.target_tokens,
+        "decoder_rows": rows[0],
+        "model_gflop_per_s": round(flops / seconds / 1e9, 1),
+    }
+
+
+def time_cli(run: Path, source: Path, n_lines: int, args, length: dict) -> dict:
+    cmd = [sys.executable, "-m", "nmt_cli", "translate", "-r", str(run), "--input", str(source), "--quiet",
+           "--threads", str(args.threads), "--device", args.device, "--amp", args.amp, "--max-tokens", str(args.max_tokens)]
+    for key, value in length.items():
+        cmd += [f"--{key.replace('_', '-')}", str(value)]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, cwd=REPO)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"nmt translate failed: {proc.stderr.decode(errors='replace').strip()}")
+    lines_out = proc.stdout.decode("utf-8").count("\n")
+    return {"seconds": round(seconds, 2), "lines_in": n_lines, "lines_out": lines_out,
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", nargs="?", type=Path, help="trained run directory (default: a random model, see above)")
+    parser.add_argument("--data", type=Path, default=DEFAULT_MULTI30K, help="Multi30k folder")
+    parser.add_argument("--source", type=Path, help="lines to translate (default: DATA/test_2016_flickr.en.gz)")
+    parser.add_argument("--limit", type=int, default=0, help="translate only the first N lines (0: all)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=None, help="default: nmt translate's")
+    parser.add_argument("--beams", default="4,1", help="beam sizes to time, comma-separated")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--amp", default="auto")
+    parser.add_argument("--arch", default="small", help="architecture of the random model")
+    parser.add_argument("--vocab-size", type=int, default=8000, help="vocabulary of the random model")
+    parser.add_argument("--no-cli", action="store_true", help="skip timing the whole command")
+    args = parser.parse_args()
+
+    import torch
+
+    from nmt.translate_config import TranslateConfig
+
+    if args.max_tokens is None:
+        args.max_tokens = TranslateConfig.max_tokens
+    source = args.source or args.data / "test_2016_flickr.en.gz"
+    if not source.is_file():
+        raise SystemExit(f"no input at {source}; pass --data or --source")
+
+    with tempfile.TemporaryDirectory(prefix="bench_translate.") as tmp:
+        if args.run_dir is not None:
+            run, weights, length = args.run_dir, "trained", {}
+        else:
+            print(f"building a run with a random `{args.arch}` model and a {args.vocab_size}-piece vocabulary "
+                  f"learned on {args.data}/train ...", file=sys.stderr)
+            run = build_random_run(Path(tmp), args.data, args.arch, args.vocab_size)
+            weights, length = "random", {"max_len_a": 1.0, "max_len_b": 0}
+        with gzip.open(source, "rt", encoding="utf-8") if source.suffix == ".gz" else open(source, encoding="utf-8") as f:
+            lines = [l.rstrip("\n") for l in f]
+        if args.limit:
+            lines = lines[: args.limit]
+        plain = Path(tmp) / "input.txt"
+        plain.write_text("".join(l + "\n" for l in lines), encoding="utf-8")
+
+        result: dict = {"bench": "translate", "weights": weights, "arch": args.arch if weights == "random" else None,
+                        "source": str(source), "sentences": len(lines), "threads": args.threads,
+                        "device": args.device, "max_tokens": args.max_tokens, **({"length_limit": length} if length else {})}
+        for beam in [int(b) for b in args.beams.split(",")]:
+            r = time_in_process(run, lines, beam, args, length)
+            result[f"beam{beam}"] = r
+            print(f"beam {beam}: {r['sentences_per_s']} sentences/s, {r['target_tokens_per_s']} target tokens/s "
+                  f"({r['seconds']} s for {len(lines)} lines, weights {weights}; model {r['model_gflop_per_s']} GFLOP/s)",
+                  file=sys.stderr)
+        result["peak_rss_mib"] = round(peak_rss_mib(), 1)
+        if args.device.startswith("cuda"):
+            result["peak_gpu_memory_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        if args.device == "cpu":
+            peak = matmul_flops() / 1e9
+            result["matmul_gflop_per_s"] = round(peak, 1)
+            for key in [k for k in result if k.startswith("beam")]:
+                result[key]["fraction_of_matmul"] = round(result[key]["model_gflop_per_s"] / peak, 3)
+            print(f"fp32 matmul with {torch.get_num_threads()} threads: {peak:.1f} GFLOP/s", file=sys.stderr)
+        print(f"peak RSS (in-process): {result['peak_rss_mib']} MiB", file=sys.stderr)
+        if not args.no_cli:
+            c = time_cli(run, plain, len(lines), args, length)
+            result["cli_beam4"] = c
+            print(f"`nmt translate` beam 4, whole command: {c['seconds']} s, {c['lines_out']} lines out of "
+                  f"{c['lines_in']}, peak RSS {c['peak_rss_mib']} MiB", file=sys.stderr)
+        write_result("translate", result)
+        print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()

@@ -1,0 +1,42 @@
+"""`nmt average-checkpoints`: the paper's checkpoint averaging (Section 6.1)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from nmt_cli.common import RunDirOption
+
+
+def register(app: typer.Typer) -> None:
+    # `--inputs a.pt b.pt c.pt` as fairseq spells it: click options take one value each, so
+    # the files after the first arrive as extra arguments and are appended in order.
+    @app.command("average-checkpoints", context_settings={"allow_extra_args": True})
+    def average_checkpoints(
+        ctx: typer.Context,
+        run_dir: RunDirOption = None,
+        last: Annotated[Optional[int], typer.Option("--last", help="Average the last N checkpoints of RUN/checkpoints by update order (the paper: 5 for base, 20 for big).", show_default=False)] = None,
+        kind: Annotated[str, typer.Option("--kind", help="Which checkpoints --last counts: all, updates (checkpoint_E_U.pt, the interval checkpoints) or epochs (checkpointE.pt).")] = "all",
+        inputs: Annotated[Optional[list[Path]], typer.Option("--inputs", help="Average these checkpoint files instead of --last: --inputs A.pt B.pt ...", show_default=False)] = None,
+        output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write the average (default: RUN/checkpoints/checkpoint_avg.pt).", show_default=False)] = None,
+    ) -> None:
+        """Average the parameters of several checkpoints into checkpoint_avg.pt."""
+        from nmt.average import average_checkpoints as average, last_checkpoints
+        from nmt.errors import NmtError
+        from nmt.rundir import RunDir, resolve_run_dir
+
+        rd = RunDir(resolve_run_dir(run_dir))
+        if ctx.args:
+            if not inputs:
+                raise NmtError(f"unexpected argument(s) {' '.join(ctx.args)}; list checkpoint files after --inputs")
+            inputs = [*inputs, *map(Path, ctx.args)]
+        if (last is None) == (not inputs):
+            raise NmtError("say which checkpoints to average: --last N (from the run directory) or --inputs A.pt B.pt ..., not both")
+        paths = list(inputs) if inputs else last_checkpoints(rd.checkpoint_dir, last, kind)
+        output = output or rd.checkpoint_dir / "checkpoint_avg.pt"
+        averaged = average(paths, output)
+        # Reported after the fact, so that a refusal stays the only line on stderr.
+        print(f"averaged {len(paths)} checkpoints ({', '.join(averaged['averaged_from'])}) into {output}", file=sys.stderr)

@@ -1,0 +1,53 @@
+"""`nmt score`: sacreBLEU BLEU/chrF/TER with signatures, or the paper's compound-split BLEU."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("score")
+    def score(
+        ref: Annotated[list[Path], typer.Option("--ref", help="Reference file (plain or .gz); repeat for several references.", show_default=False)],
+        hyp: Annotated[Optional[Path], typer.Option("--hyp", help="Hypotheses file (plain or .gz); default: stdin.", show_default=False)] = None,
+        tokenize: Annotated[Optional[str], typer.Option("--tokenize", "-tok", help="sacreBLEU tokenizer for BLEU: 13a, intl, zh, char, none, ja-mecab, ko-mecab, ... (default: 13a, or from --lang).", show_default=False)] = None,
+        lowercase: Annotated[bool, typer.Option("--lowercase", "-lc", help="Case-insensitive BLEU and chrF.")] = False,
+        ter: Annotated[bool, typer.Option("--ter", help="Also compute TER.")] = False,
+        lang: Annotated[Optional[str], typer.Option("--lang", "-l", help="Target language: picks sacreBLEU's default tokenizer (zh, ja, ko) and the Moses tokenizer of --compound-split (default: de).", show_default=False)] = None,
+        compound_split: Annotated[bool, typer.Option("--compound-split", help="The paper's tokenized WMT14 En-De BLEU (Moses tokenizer, ##AT## compound splitting, multi-bleu.perl); not comparable to sacreBLEU.")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
+    ) -> None:
+        """Score hypotheses against references: sacreBLEU BLEU with its signature and chrF."""
+        from nmt import score as scoring
+        from nmt.errors import NmtError
+        from nmt.textio import read_lines, stdin_lines
+
+        if compound_split and (tokenize is not None or lowercase):
+            raise NmtError("--compound-split uses its own Moses tokenization and is case-sensitive; drop --tokenize/--lowercase")
+        if hyp is not None:
+            hyp_name = str(hyp)
+            hypotheses = list(read_lines(hyp))
+        else:
+            hyp_name = "<stdin>"
+            hypotheses = list(stdin_lines(sys.stdin.buffer))
+        references = scoring.read_references(ref, len(hypotheses), hyp_name)
+
+        if compound_split:
+            result = scoring.compound_split_bleu(hypotheses, references, lang=lang or "de")
+            if as_json:
+                print(json.dumps(result.to_dict(), sort_keys=True))
+            else:
+                print(f"# {scoring.COMPOUND_SPLIT_LABEL}")
+                print(result.format())
+            return
+
+        scores = scoring.sacrebleu_scores(hypotheses, references, tokenize=tokenize, lowercase=lowercase, ter=ter, target_lang=lang)
+        if as_json:
+            print(json.dumps(scores, sort_keys=True))
+        else:
+            print(scoring.format_sacrebleu(scores))

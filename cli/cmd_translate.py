@@ -1,0 +1,118 @@
+"""`nmt translate`: raw text in, one translation per line out, in order."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from nmt_cli.common import RunDirOption
+from nmt_cli.dataclass_options import dataclass_parameters, with_parameters
+
+HELP = (
+    "Translate raw text from stdin (or --input) with the paper's beam search (beam 4, length penalty 0.6).\n\n"
+    "Uses checkpoint_avg.pt, else checkpoint_best.pt, else checkpoint_last.pt of the run (named on stderr); "
+    "repeat --checkpoint to ensemble several (average of log-probabilities). Every input line gets exactly one "
+    "output line, in order; an empty line gives an empty line; lines longer than the model's positions are "
+    "truncated and counted in one warning at the end."
+)
+
+
+def register(app: typer.Typer) -> None:
+    from nmt.translate_config import SearchConfig, TranslateConfig
+
+    search_fields = [p.name for p in dataclass_parameters(SearchConfig)]
+    params = [
+        inspect.Parameter("run_dir", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=RunDirOption),
+        inspect.Parameter("input", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+            Optional[Path], typer.Option("--input", "-i", help="Text to translate, plain or .gz (default: stdin).", show_default=False)]),
+        inspect.Parameter("checkpoint", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+            Optional[list[str]], typer.Option("--checkpoint", "-c", show_default=False,
+                                              help="Checkpoint file (or a name in RUN/checkpoints); repeat to ensemble.")]),
+        inspect.Parameter("format", inspect.Parameter.KEYWORD_ONLY, default="text", annotation=Annotated[
+            str, typer.Option("--format", help="text: one translation per line; jsonl: one object per line with "
+                                               "\"hyp\", \"score\" and the \"nbest\" list.")]),
+        inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[
+            bool, typer.Option("--quiet", "-q", help="No checkpoint name, progress bar or summary on stderr (warnings stay).")]),
+    ]
+    params += dataclass_parameters(SearchConfig, panel=lambda _: "Beam search (Section 6.1)")
+    params += dataclass_parameters(TranslateConfig, panel=lambda _: "Input, batching and device")
+
+    def translate_command(**kwargs: Any) -> None:
+        import json
+
+        from nmt.errors import NmtError
+        from nmt.rundir import resolve_run_dir
+        from nmt.textio import count_lines, read_lines, stdin_lines, text_stdout
+        from nmt.translate import buffers, load_translator
+
+        run_dir = resolve_run_dir(kwargs.pop("run_dir"))
+        input_path, checkpoints = kwargs.pop("input"), kwargs.pop("checkpoint") or []
+        fmt, quiet = kwargs.pop("format"), kwargs.pop("quiet")
+        search = SearchConfig(**{k: kwargs.pop(k) for k in search_fields})
+        cfg = TranslateConfig(**kwargs)
+        search.validate()
+        cfg.validate()
+        if fmt not in ("text", "jsonl"):
+            raise NmtError(f"--format must be text or jsonl, not {fmt!r}")
+        if fmt == "text" and search.nbest > 1:
+            raise NmtError("--nbest above 1 needs --format jsonl (text output has exactly one line per input line)")
+
+        def say(message: str) -> None:
+            if not quiet:
+                print(f"nmt translate: {message}", file=sys.stderr, flush=True)
+
+        if input_path is not None:
+            lines = read_lines(input_path, cfg.encoding_errors)
+        else:
+            lines = stdin_lines(sys.stdin.buffer, cfg.encoding_errors)
+            if sys.stdin.isatty():
+                cfg.buffer_size = 1  # a person typing: answer each line at once
+        chunks = buffers(lines, cfg.buffer_size)
+        first = next(chunks, [])  # bad input fails before the model loads
+
+        start = time.perf_counter()
+        translator = load_translator(run_dir, checkpoints, search, cfg)
+        say(("checkpoint " if len(translator.checkpoints) == 1 else "ensemble of ")
+            + ", ".join(map(str, translator.checkpoints)))
+
+        out = text_stdout()
+        bar = None
+        if not quiet and not sys.stdout.isatty():
+            from tqdm import tqdm
+
+            total = count_lines(input_path) if input_path is not None else None
+            bar = tqdm(total=total, unit=" lines", file=sys.stderr, delay=2.0, leave=False, dynamic_ncols=True)
+        n_lines = 0
+        try:
+            for chunk in itertools.chain([first] if first else [], chunks):
+                for tr in translator.translate(chunk):
+                    if fmt == "jsonl":
+                        out.write(json.dumps({"hyp": tr.hyp, "score": tr.score,
+                                              "nbest": [{"hyp": h, "score": s} for h, s in tr.nbest]}, ensure_ascii=False))
+                    else:
+                        out.write(tr.hyp)
+                    out.write("\n")
+                out.flush()
+                n_lines += len(chunk)
+                if bar is not None:
+                    bar.update(len(chunk))
+        except BrokenPipeError:  # the reader (`| head`) stopped reading: not an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return
+        if bar is not None:
+            bar.close()
+        if translator.truncated:
+            print(f"nmt translate: warning: {translator.truncated} line(s) longer than the model's "
+                  f"{translator.max_positions} positions were truncated", file=sys.stderr)
+        seconds = time.perf_counter() - start
+        say(f"{n_lines} lines, {translator.target_tokens} target tokens in {seconds:.1f} s "
+            f"({n_lines / max(seconds, 1e-9):.1f} sentences/s)")
+
+    app.command("translate", help=HELP)(with_parameters(translate_command, params))

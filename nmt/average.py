@@ -1,0 +1,185 @@
+"""Checkpoint averaging (Vaswani et al. 2017, Section 6.1).
+
+"For the base models, we used a single model obtained by averaging the last 5 checkpoints,
+which were written at 10-minute intervals. For the big models, we averaged the last 20."
+
+Averaging is an element-wise mean of the parameters of checkpoints of one model. It is done
+one checkpoint at a time, keeping only a running sum (accumulated in fp32 or wider, whatever
+the stored dtype), so averaging 20 big checkpoints needs the memory of about two.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+
+from nmt.checkpoint import CHECKPOINT_VERSION, load_checkpoint, save_checkpoint
+from nmt.errors import NmtError
+
+# fairseq's names: checkpoint{epoch}.pt at epoch ends, checkpoint_{epoch}_{update}.pt at
+# update or time intervals (the paper's 10-minute checkpoints).
+EPOCH_NAME = re.compile(r"^checkpoint(\d+)\.pt$")
+UPDATE_NAME = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")
+KINDS = ("all", "updates", "epochs")
+
+# Fields of TransformerConfig that change training, not the shape or meaning of the weights.
+NON_ARCHITECTURE_FIELDS = frozenset({"dropout", "attention_dropout", "relu_dropout"})
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One averaging candidate and where it stands in training."""
+
+    path: Path
+    update: Optional[int]
+    """From the checkpoint's train_state, else from a checkpoint_{epoch}_{update}.pt name."""
+    name_epoch: int
+    """The epoch in the file name (a fallback order when the update is unknown)."""
+
+
+def _stored_update(path: Path) -> Optional[int]:
+    """The update count saved in `path`'s train_state, read without loading the tensors."""
+    try:
+        # mmap: tensors stay on disk, so ordering 20 checkpoints costs no memory.
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        update = ckpt.get("train_state", {}).get("update")
+        return int(update) if update is not None else None
+    except Exception:  # a damaged file is reported by load_checkpoint when it is averaged
+        return None
+
+
+def list_checkpoints(checkpoint_dir: str | os.PathLike, kind: str = "all") -> list[CheckpointInfo]:
+    """The epoch and/or update checkpoints of a run, oldest first, one per update.
+
+    checkpoint_best/last/avg are never candidates: they duplicate numbered ones (or are the
+    output). An epoch end can be saved twice (checkpoint3.pt and checkpoint_3_900.pt hold the
+    same weights); such files of one update count once, else the average would weight it twice.
+    """
+    if kind not in KINDS:
+        raise NmtError(f"unknown --kind {kind!r}; choose one of: {', '.join(KINDS)}")
+    checkpoint_dir = Path(checkpoint_dir)
+    if not checkpoint_dir.is_dir():
+        raise NmtError(f"no checkpoint directory {checkpoint_dir}; train first with `nmt train`, or pass --run-dir")
+    found: list[CheckpointInfo] = []
+    for path in sorted(checkpoint_dir.iterdir()):
+        epoch_match, update_match = EPOCH_NAME.match(path.name), UPDATE_NAME.match(path.name)
+        if epoch_match and kind in ("all", "epochs"):
+            update = _stored_update(path)
+            found.append(CheckpointInfo(path, update, int(epoch_match.group(1))))
+        elif update_match and kind in ("all", "updates"):
+            update = _stored_update(path)
+            if update is None:
+                update = int(update_match.group(2))
+            found.append(CheckpointInfo(path, update, int(update_match.group(1))))
+    if all(c.update is not None for c in found):
+        found.sort(key=lambda c: (c.update, c.path.name))
+    else:
+        # Without stored updates, an epoch-end checkpoint comes after every update of its epoch.
+        found.sort(key=lambda c: (c.name_epoch, c.update if c.update is not None else math.inf, c.path.name))
+    unique: list[CheckpointInfo] = []
+    seen_updates: set[int] = set()
+    for c in found:
+        if c.update is not None:
+            if c.update in seen_updates:
+                continue
+            seen_updates.add(c.update)
+        unique.append(c)
+    return unique
+
+
+def last_checkpoints(checkpoint_dir: str | os.PathLike, n: int, kind: str = "all") -> list[Path]:
+    """The last `n` checkpoints by update order; fewer available is a user error."""
+    if n < 1:
+        raise NmtError(f"--last must be at least 1, got {n}")
+    candidates = list_checkpoints(checkpoint_dir, kind)
+    if len(candidates) < n:
+        which = {"all": "epoch or update", "updates": "update (checkpoint_E_U.pt)", "epochs": "epoch (checkpointE.pt)"}[kind]
+        raise NmtError(
+            f"--last {n} asks for {n} checkpoints but {checkpoint_dir} has only {len(candidates)} "
+            f"{which} checkpoint(s); pass a smaller --last or train longer"
+        )
+    return [c.path for c in candidates[-n:]]
+
+
+def _architecture(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in config.items() if k not in NON_ARCHITECTURE_FIELDS}
+
+
+def _check_same_model(first: Path, config: dict[str, Any], shapes: dict[str, tuple[int, ...]],
+                      path: Path, ckpt: dict[str, Any]) -> None:
+    """Refuse to average different models: a mean of unrelated weights is silently garbage."""
+    a, b = _architecture(config), _architecture(ckpt["config"])
+    diff = [f"{k} {a.get(k)} vs {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    if diff:
+        raise NmtError(f"cannot average {first} and {path}: different architectures ({', '.join(diff)})")
+    other = ckpt["model"]
+    if set(shapes) != set(other):
+        only = sorted(set(shapes) ^ set(other))
+        more = " ..." if len(only) > 3 else ""
+        raise NmtError(f"cannot average {first} and {path}: different parameters ({', '.join(only[:3])}{more})")
+    for name, shape in shapes.items():
+        if tuple(other[name].shape) != shape:
+            raise NmtError(
+                f"cannot average {first} and {path}: parameter {name} has shape {shape} vs {tuple(other[name].shape)}"
+            )
+
+
+def average_checkpoints(paths: Sequence[str | os.PathLike], output: str | os.PathLike) -> dict[str, Any]:
+    """Write the element-wise mean of the models in `paths` to `output`, atomically.
+
+    The result carries the first checkpoint's model configuration, the averaged file names
+    in "averaged_from", and no optimizer or training state (it is for translation, not for
+    resuming). Floating-point parameters are summed in fp32 (fp64 if stored in fp64) and cast
+    back to their stored dtype; other tensors are taken from the first checkpoint.
+    Returns the written checkpoint dict.
+    """
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise NmtError("nothing to average; pass --last N or --inputs A.pt B.pt ...")
+    if len({p.resolve() for p in paths}) != len(paths):
+        raise NmtError(f"the same checkpoint is listed twice in {', '.join(map(str, paths))}; each counts once")
+    output = Path(output)
+
+    first = paths[0]
+    first_ckpt = load_checkpoint(first)
+    dtypes = {name: t.dtype for name, t in first_ckpt["model"].items()}
+    total: dict[str, torch.Tensor] = {}
+    for name, t in first_ckpt["model"].items():
+        if t.is_floating_point():
+            total[name] = t.detach().to(torch.promote_types(t.dtype, torch.float32)).clone()
+        else:
+            total[name] = t.detach().clone()
+    # Keep only what checking the others needs; the tensors themselves are in `total` now.
+    config = first_ckpt["config"]
+    shapes = {name: tuple(t.shape) for name, t in first_ckpt["model"].items()}
+    del first_ckpt
+
+    for path in paths[1:]:
+        ckpt = load_checkpoint(path)
+        _check_same_model(first, config, shapes, path, ckpt)
+        for name, t in ckpt["model"].items():
+            if total[name].is_floating_point():
+                total[name].add_(t.to(total[name].dtype))
+        del ckpt
+
+    n = len(paths)
+    averaged = {}
+    for name, t in total.items():
+        averaged[name] = t.div_(n).to(dtypes[name]) if t.is_floating_point() else t
+
+    out_dir = output.resolve().parent
+    averaged_from = [p.name if p.resolve().parent == out_dir else str(p.resolve()) for p in paths]
+    checkpoint = {
+        "version": CHECKPOINT_VERSION,
+        "model": averaged,
+        "config": config,
+        "averaged_from": averaged_from,
+    }
+    save_checkpoint(output, checkpoint)
+    return checkpoint

@@ -1,0 +1,32 @@
+"""The learning-rate schedule of Section 5.3.
+
+    lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+
+rises linearly for `warmup` steps, then decays with the inverse square root of the step.
+fairseq's `inverse_sqrt` is the same curve named by its peak: lr(step) = peak *
+min(step / warmup, sqrt(warmup / step)); `--lr` picks that form, `--lr-scale` multiplies
+the paper's form.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def paper_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
+    """The paper's lrate at 1-based update `step`."""
+    step = max(step, 1)
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+def peak_lr(step: int, peak: float, warmup: int) -> float:
+    """fairseq's inverse_sqrt with linear warmup from 0 to `peak` at step `warmup`."""
+    step = max(step, 1)
+    return peak * min(step / warmup, math.sqrt(warmup / step))
+
+
+def learning_rate(step: int, d_model: int, warmup: int, lr_scale: float = 1.0, lr: float | None = None) -> float:
+    """The rate for update `step`: fairseq's peak form when `lr` is given, else the paper's."""
+    if lr is not None:
+        return peak_lr(step, lr, warmup)
+    return paper_lr(step, d_model, warmup, lr_scale)

@@ -1,0 +1,72 @@
+"""Settings of `nmt translate`: the beam search (the paper's, Section 6.1) and how input is
+read, batched and run. Plain dataclasses without torch, so `nmt --help` stays fast; the CLI
+flags, their defaults and their help all come from these fields.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from nmt.errors import NmtError
+
+LENPEN_STYLES = ("gnmt", "avg")
+AMP_CHOICES = ("auto", "none", "bf16", "fp16")
+
+
+def _f(default: object, help: str) -> object:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class SearchConfig:
+    """Beam search settings; the paper's by default (Section 6.1). The CLI flags come from here."""
+
+    beam: int = _f(4, "Beam size: hypotheses searched per sentence (paper: 4); 1 is greedy search.")
+    lenpen: float = _f(0.6, "Length penalty alpha (paper: 0.6); 0 ranks hypotheses by log-probability alone.")
+    lenpen_style: str = _f(
+        "gnmt",
+        "gnmt: score / ((5+|Y|)/6)^alpha, as the paper's tensor2tensor; avg: score / |Y|^alpha, as fairseq. "
+        "|Y| counts the end-of-sentence token.",
+    )
+    max_len_a: float = _f(1.0, "a of the output length limit a * source length + b, in subword tokens (paper: 1).")
+    max_len_b: int = _f(50, "b of the output length limit a * source length + b (paper: 50); capped by the model's positions.")
+    nbest: int = _f(1, "Hypotheses kept per sentence, best first (listed by --format jsonl).")
+
+    def validate(self) -> None:
+        if self.beam < 1:
+            raise NmtError(f"--beam must be at least 1, not {self.beam}")
+        if not 1 <= self.nbest <= self.beam:
+            raise NmtError(f"--nbest must be between 1 and --beam ({self.beam}), not {self.nbest}")
+        if self.max_len_a < 0:
+            raise NmtError(f"--max-len-a must not be negative, not {self.max_len_a}")
+        if self.lenpen_style not in LENPEN_STYLES:
+            raise NmtError(f"unknown --lenpen-style {self.lenpen_style!r}; choose one of {', '.join(LENPEN_STYLES)}")
+        if not math.isfinite(self.lenpen):
+            raise NmtError(f"--lenpen must be a finite number, not {self.lenpen}")
+
+
+@dataclass
+class TranslateConfig:
+    """How input is read and batched, and where the model runs. The CLI flags come from here."""
+
+    max_tokens: int = _f(
+        4096,
+        "Source tokens per batch, padding included (the decoder holds --beam rows per sentence); "
+        "batches are cut from length-sorted input.",
+    )
+    buffer_size: int = _f(10000, "Lines read, sorted and translated at a time; output streams buffer by buffer.")
+    encoding_errors: str = _f("strict", "Invalid UTF-8 in the input: strict (error naming the line) or replace (with U+FFFD).")
+    device: str = _f("auto", "auto (a GPU when there is one), cpu, cuda or cuda:N.")
+    threads: int = _f(0, "CPU threads for the model and the tokenizer (0: PyTorch's default, one per core).")
+    amp: str = _f("auto", "Weights and activations in bf16 or fp16 (auto: bf16 on a GPU that supports it, else fp32); scores stay fp32.")
+
+    def validate(self) -> None:
+        if self.max_tokens < 1 or self.buffer_size < 1:
+            raise NmtError("--max-tokens and --buffer-size must be at least 1")
+        if self.encoding_errors not in ("strict", "replace"):
+            raise NmtError(f"--encoding-errors must be strict or replace, not {self.encoding_errors!r}")
+        if self.amp not in AMP_CHOICES:
+            raise NmtError(f"--amp must be one of {', '.join(AMP_CHOICES)}, not {self.amp!r}")
+        if self.threads < 0:
+            raise NmtError(f"--threads must not be negative, not {self.threads}")

@@ -1,0 +1,247 @@
+"""Beam search finds what an exhaustive search finds, on the model's own incremental decoder."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt.beam_search import Hypothesis, LengthPenalty, SearchConfig, beam_search
+from nmt.errors import NmtError
+from nmt.model import Transformer, build_config
+from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models: a second thread only adds synchronisation (and the test machine is shared)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _model(vocab: int, seed: int = 0, **kw) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(build_config("tiny", vocab, vocab, **kw)).eval()
+
+
+def _batch(lengths: list[int], vocab: int, seed: int = 1) -> torch.Tensor:
+    """Right-padded, eos-terminated random sources of `lengths` tokens (eos included)."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.full((len(lengths), max(lengths)), PAD_ID, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        src[i, : n - 1] = torch.randint(4, vocab, (n - 1,), generator=g)
+        src[i, n - 1] = EOS_ID
+    return src
+
+
+def _sequence_log_probs(models: list[Transformer], src: torch.Tensor, outputs: list[list[int]]) -> list[float]:
+    """log P(y + eos | x) by full recomputation (no cache), ensemble-averaged per token."""
+    T = max(len(y) for y in outputs) + 1
+    prev = torch.full((len(outputs), T), PAD_ID, dtype=torch.long)
+    target = torch.full((len(outputs), T), PAD_ID, dtype=torch.long)
+    for i, y in enumerate(outputs):
+        prev[i, : len(y) + 1] = torch.tensor([BOS_ID, *y])
+        target[i, : len(y) + 1] = torch.tensor([*y, EOS_ID])
+    with torch.no_grad():
+        lprobs = sum(F.log_softmax(m(src.expand(len(outputs), -1), prev), dim=-1) for m in models) / len(models)
+    token_lp = lprobs.gather(2, target[:, :, None])[:, :, 0].masked_fill(target.eq(PAD_ID), 0.0)
+    return token_lp.sum(1).tolist()
+
+
+# -- length penalties -------------------------------------------------------------------
+
+def test_gnmt_length_penalty_is_wu_et_al_formula():
+    lp = LengthPenalty(alpha=0.6, style="gnmt")
+    assert lp(10) == pytest.approx(((5 + 10) / 6) ** 0.6)
+    assert lp(1) == pytest.approx(1.0)
+    assert lp.score(-7.5, 10) == pytest.approx(-7.5 / (15 / 6) ** 0.6)
+    lengths = torch.tensor([1, 4, 23])
+    assert torch.allclose(lp(lengths), torch.tensor([1.0, (9 / 6) ** 0.6, (28 / 6) ** 0.6]))
+
+
+def test_avg_length_penalty_is_length_to_the_alpha():
+    lp = LengthPenalty(alpha=1.0, style="avg")
+    assert lp.score(-12.0, 4) == pytest.approx(-3.0)  # alpha 1: mean log-probability per token
+    lp = LengthPenalty(alpha=0.6, style="avg")
+    assert lp(7) == pytest.approx(7**0.6)
+    assert torch.allclose(lp.score(torch.tensor([-2.0, -9.0]), torch.tensor([2, 9])), torch.tensor([-2 / 2**0.6, -9 / 9**0.6]))
+
+
+def test_unknown_length_penalty_style_is_a_user_error():
+    with pytest.raises(NmtError, match="gnmt, avg"):
+        LengthPenalty(0.6, "t2t")
+    with pytest.raises(NmtError, match="--nbest"):
+        SearchConfig(beam=2, nbest=3).validate()
+
+
+# -- incremental decoding ---------------------------------------------------------------
+
+def test_incremental_decoding_equals_full_recomputation_with_padding():
+    vocab = 40
+    model = _model(vocab)
+    src = _batch([7, 3, 5], vocab)
+    g = torch.Generator().manual_seed(3)
+    prev = torch.randint(4, vocab, (3, 9), generator=g)
+    prev[:, 0] = BOS_ID
+    with torch.inference_mode():
+        full = F.log_softmax(model(src, prev), dim=-1)  # (B, T, V)
+        state = model.init_decoder_state(model.encode(src))
+        steps = torch.stack([F.log_softmax(model.decode_step(prev[:, t], state), dim=-1) for t in range(prev.size(1))], 1)
+    assert (steps - full).abs().max().item() < 1e-5
+
+
+def test_reordered_decoder_state_continues_the_chosen_rows():
+    vocab = 40
+    model = _model(vocab)
+    src = _batch([6, 4, 5], vocab)
+    g = torch.Generator().manual_seed(4)
+    prev = torch.randint(4, vocab, (3, 6), generator=g)
+    prev[:, 0] = BOS_ID
+    order = torch.tensor([2, 0, 0, 1])  # beam search picks parents, some twice
+    with torch.inference_mode():
+        state = model.init_decoder_state(model.encode(src))
+        for t in range(3):
+            model.decode_step(prev[:, t], state)
+        state.reorder(order)
+        cont = [F.log_softmax(model.decode_step(prev[order, t], state), dim=-1) for t in range(3, 6)]
+        full = F.log_softmax(model(src[order], prev[order]), dim=-1)
+    assert (torch.stack(cont, 1) - full[:, 3:]).abs().max().item() < 1e-5
+
+
+# -- beam search against exhaustive search ----------------------------------------------
+
+@pytest.mark.parametrize("style,alpha", [("gnmt", 0.6), ("gnmt", 2.0), ("avg", 1.0), ("avg", 0.6)])
+def test_wide_beam_finds_the_exhaustive_best_under_the_length_penalty(style, alpha):
+    vocab = 7  # pad unk bos eos + 3 words: unk and the words are the 4 tokens that may go before eos
+    max_len = 3
+    model = _model(vocab, seed=5)
+    src = _batch([5], vocab, seed=6)
+    words = [1, 4, 5, 6]
+    outputs = [list(y) for n in range(max_len + 1) for y in itertools.product(words, repeat=n)]
+    lp = LengthPenalty(alpha, style)
+    log_probs = _sequence_log_probs([model], src, outputs)
+    scored = sorted(((lp.score(p, len(y) + 1), p, y) for p, y in zip(log_probs, outputs)), key=lambda x: -x[0])
+
+    cfg = SearchConfig(beam=len(outputs), lenpen=alpha, lenpen_style=style, max_len_a=0.0, max_len_b=max_len, nbest=3)
+    hyps = beam_search(model, src, cfg)[0]
+    assert [h.tokens for h in hyps] == [y for _, _, y in scored[:3]]
+    for h, (score, log_prob, _) in zip(hyps, scored):
+        assert h.score == pytest.approx(score, abs=1e-5)
+        assert h.log_prob == pytest.approx(log_prob, abs=1e-5)
+
+
+def test_a_narrow_beam_scores_its_hypotheses_by_their_true_probability():
+    vocab = 9
+    model = _model(vocab, seed=7)
+    src = _batch([6, 4], vocab, seed=8)
+    cfg = SearchConfig(beam=3, nbest=3, max_len_b=6)
+    lp = LengthPenalty(cfg.lenpen, cfg.lenpen_style)
+    for i, hyps in enumerate(beam_search(model, src, cfg)):
+        true = _sequence_log_probs([model], src[i : i + 1, : int(src[i].ne(PAD_ID).sum())], [h.tokens for h in hyps])
+        for h, p in zip(hyps, true):
+            assert h.log_prob == pytest.approx(p, abs=1e-5)
+            assert h.score == pytest.approx(lp.score(p, len(h.tokens) + 1), abs=1e-5)  # |Y| counts eos
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+
+
+# -- greedy, batching, early termination ------------------------------------------------
+
+def _greedy(models: list[Transformer], src: torch.Tensor, max_len: int, lp: LengthPenalty) -> Hypothesis:
+    """The textbook loop: feed the argmax token until eos or the length limit."""
+    states = [m.init_decoder_state(m.encode(src)) for m in models]
+    token, tokens, log_prob = BOS_ID, [], 0.0
+    with torch.inference_mode():
+        for step in range(max_len + 1):
+            lprobs = sum(F.log_softmax(m.decode_step(torch.tensor([token]), s), dim=-1)[0] for m, s in zip(models, states))
+            lprobs = lprobs / len(models)
+            lprobs[PAD_ID] = lprobs[BOS_ID] = -math.inf
+            if step == max_len:
+                token = EOS_ID
+            else:
+                token = int(lprobs.argmax())
+            log_prob += float(lprobs[token])
+            if token == EOS_ID:
+                break
+            tokens.append(token)
+    return Hypothesis(tokens, lp.score(log_prob, len(tokens) + 1), log_prob)
+
+
+@pytest.mark.parametrize("n_models", [1, 2])
+def test_beam_one_is_greedy_search(n_models):
+    vocab = 12
+    models = [_model(vocab, seed=10 + i) for i in range(n_models)]
+    src = _batch([4, 9, 6, 2], vocab, seed=11)
+    cfg = SearchConfig(beam=1, max_len_a=1.0, max_len_b=4)
+    got = beam_search(models, src, cfg)
+    lengths_seen = set()
+    for i, (hyp,) in enumerate(got):
+        n = int(src[i].ne(PAD_ID).sum())
+        want = _greedy(models, src[i : i + 1, :n], (n - 1) + 4, LengthPenalty(cfg.lenpen, cfg.lenpen_style))
+        assert hyp.tokens == want.tokens
+        assert hyp.score == pytest.approx(want.score, abs=1e-5)
+        lengths_seen.add(len(hyp.tokens))
+    assert len(lengths_seen) > 1  # some stop at eos, some at the length limit
+
+
+def test_batched_search_equals_one_sentence_at_a_time():
+    vocab = 30
+    model = _model(vocab, seed=12)
+    src = _batch([3, 11, 7, 7, 2, 9], vocab, seed=13)
+    cfg = SearchConfig(beam=4, nbest=2, max_len_b=8)
+    together = beam_search(model, src, cfg)
+    for i, hyps in enumerate(together):
+        n = int(src[i].ne(PAD_ID).sum())
+        alone = beam_search(model, src[i : i + 1, :n], cfg)[0]
+        assert [h.tokens for h in hyps] == [h.tokens for h in alone]
+        assert [h.score for h in hyps] == pytest.approx([h.score for h in alone], abs=1e-5)
+
+
+def test_early_termination_saves_steps_without_changing_results(monkeypatch):
+    vocab = 10
+    model = _model(vocab, seed=14)
+    src = _batch([3, 8, 5, 6, 4, 7, 2, 5], vocab, seed=15)
+    calls = []
+    original = Transformer.decode_step
+
+    def counting(self, tokens, state):
+        calls.append(tokens.numel())
+        return original(self, tokens, state)
+
+    monkeypatch.setattr(Transformer, "decode_step", counting)
+    # Small alphas: the bound is weak when lp(max length) is large, as with the paper's 0.6.
+    for cfg in (SearchConfig(beam=4, nbest=2, lenpen=0.2, max_len_b=20), SearchConfig(beam=3, lenpen=0.3, lenpen_style="avg", max_len_b=20)):
+        calls.clear()
+        early = beam_search(model, src, cfg)
+        rows_early = sum(calls)
+        calls.clear()
+        full = beam_search(model, src, cfg, stop_early=False)
+        assert rows_early < sum(calls)
+        for a, b in zip(early, full):
+            assert [h.tokens for h in a] == [h.tokens for h in b]
+            assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+
+
+def test_output_length_is_capped_by_the_models_positions():
+    vocab = 6
+    model = _model(vocab, seed=16, max_positions=12)
+    src = _batch([10], vocab, seed=17)
+    hyps = beam_search(model, src, SearchConfig(beam=2, nbest=2, lenpen=5.0, max_len_b=50))[0]
+    assert max(len(h.tokens) for h in hyps) <= 11  # bos + 11 tokens = 12 positions
+
+
+def test_blockwise_topk_equals_torch_topk():
+    from nmt.beam_search import _row_topk
+
+    g = torch.Generator().manual_seed(18)
+    scores = torch.randn(50, 8000, generator=g)
+    scores[:, [0, 2]] = -math.inf
+    scores[3, :7900] = -math.inf  # a row whose best entries all sit in the last blocks
+    for w in (1, 4, 5):
+        values, indices = _row_topk(scores, w)
+        expected = scores.topk(w, dim=1)
+        assert torch.equal(values, expected.values) and torch.equal(indices, expected.indices)

@@ -1,0 +1,112 @@
+"""The model and the recipe's pieces equal the paper's formulas."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import run_nmt
+from nmt.loss import label_smoothed_nll_loss
+from nmt.model import Transformer, build_config
+from nmt.schedule import learning_rate, paper_lr, peak_lr
+from nmt.tokenizer import BOS_ID, EOS_ID
+
+
+def test_schedule_equals_the_papers_values():
+    assert paper_lr(1, 512, 4000) == pytest.approx(1.747e-07, rel=1e-3)
+    assert paper_lr(4000, 512, 4000) == pytest.approx(6.988e-04, rel=1e-3)
+    assert paper_lr(100000, 512, 4000) == pytest.approx(1.398e-04, rel=1e-3)
+
+
+def test_fairseq_peak_form_peaks_at_warmup_and_decays_as_inverse_sqrt():
+    assert peak_lr(4000, 1e-3, 4000) == pytest.approx(1e-3)
+    assert peak_lr(2000, 1e-3, 4000) == pytest.approx(5e-4)
+    assert peak_lr(16000, 1e-3, 4000) == pytest.approx(5e-4)
+    assert learning_rate(10, 512, 4000, lr_scale=2.0) == pytest.approx(2 * paper_lr(10, 512, 4000))
+
+
+def test_archs_parameter_counts_match_the_paper():
+    out = run_nmt("archs", "--vocab-size", "37000").stdout
+    counts = {m.group(1): float(m.group(2)) for m in re.finditer(r"(tiny|small|base|big)\s.*?([\d.]+)M", out)}
+    assert counts["base"] == pytest.approx(63, rel=0.02)
+    assert counts["big"] == pytest.approx(214, rel=0.02)
+
+
+def test_unknown_arch_lists_the_known_ones():
+    from nmt.errors import NmtError
+
+    with pytest.raises(NmtError, match="tiny, small, base, big"):
+        build_config("huge", 100, 100)
+
+
+def _tiny(vocab: int = 50, **kw) -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(build_config("tiny", vocab, vocab, **kw)).eval()
+
+
+def test_changing_the_last_target_token_leaves_earlier_outputs_bit_identical():
+    model = _tiny()
+    src = torch.randint(4, 50, (3, 9))
+    prev = torch.randint(4, 50, (3, 7))
+    prev[:, 0] = BOS_ID
+    changed = prev.clone()
+    changed[:, -1] = (prev[:, -1] + 1 - 4) % 46 + 4
+    with torch.no_grad():
+        a, b = model(src, prev), model(src, changed)
+    assert torch.equal(a[:, :-1], b[:, :-1])
+    assert not torch.equal(a[:, -1], b[:, -1])
+
+
+def test_padding_does_not_change_a_sentences_outputs():
+    model = _tiny()
+    src = torch.randint(4, 50, (1, 6))
+    prev = torch.tensor([[BOS_ID, 7, 8, 9]])
+    padded_src = torch.cat([src, torch.zeros(1, 3, dtype=torch.long)], dim=1)
+    with torch.no_grad():
+        assert torch.allclose(model(src, prev), model(padded_src, prev), atol=1e-5)
+
+
+def test_shared_embeddings_are_one_matrix_scaled_by_sqrt_d_model():
+    model = _tiny()
+    assert model.src_embed.weight is model.tgt_embed.weight is model.output_weight
+    assert model.embed_scale == pytest.approx(math.sqrt(model.cfg.d_model))
+    separate = Transformer(build_config("tiny", 50, 60, share_all_embeddings=False))
+    assert separate.src_embed.weight is not separate.tgt_embed.weight
+    assert separate.output_weight is separate.tgt_embed.weight
+
+
+def test_label_smoothing_equals_a_hand_computation():
+    logits = torch.tensor([[2.0, 0.5, -1.0, 0.0], [0.1, 0.2, 0.3, 0.4]])
+    target = torch.tensor([0, 3])
+    eps = 0.1
+    loss, nll = label_smoothed_nll_loss(logits, target, eps)
+    expected_loss = expected_nll = 0.0
+    for row, gold in zip(logits.tolist(), target.tolist()):
+        logz = math.log(sum(math.exp(x) for x in row))
+        logp = [x - logz for x in row]
+        q = [eps / 4 + (1 - eps) * (k == gold) for k in range(4)]  # Szegedy et al.: uniform over K
+        expected_loss += -sum(qk * lp for qk, lp in zip(q, logp))
+        expected_nll += -logp[gold]
+    assert loss.item() == pytest.approx(expected_loss, rel=1e-6)
+    assert nll.item() == pytest.approx(expected_nll, rel=1e-6)
+
+
+def test_tiny_model_overfits_a_handful_of_pairs():
+    torch.manual_seed(0)
+    model = Transformer(build_config("tiny", 20, 20, dropout=0.0))
+    src = torch.tensor([[5, 6, 7, EOS_ID], [8, 9, 10, EOS_ID], [11, 12, 13, EOS_ID], [14, 15, 16, EOS_ID]])
+    tgt = src.flip(1)[:, 1:]  # reversed sentence...
+    target = torch.cat([tgt, torch.full((4, 1), EOS_ID)], dim=1)  # ...then eos
+    prev = torch.cat([torch.full((4, 1), BOS_ID), tgt], dim=1)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98), eps=1e-9)
+    for _ in range(150):
+        logits = model(src, prev)
+        loss, _ = label_smoothed_nll_loss(logits.reshape(-1, 20), target.reshape(-1), 0.0)
+        opt.zero_grad()
+        (loss / target.numel()).backward()
+        opt.step()
+    assert loss.item() / target.numel() < 0.02

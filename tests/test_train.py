@@ -1,0 +1,167 @@
+"""`nmt train`: the recipe runs, logs what the paper's formulas say, resumes exactly, fails clearly."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import assert_one_line_error, run_nmt
+from nmt.checkpoint import load_checkpoint
+from nmt.schedule import paper_lr
+
+WORDS = "a house dog cat runs sees the big small red blue green man woman child plays eats walks".split()
+
+
+def write_corpus(folder: Path, n_train: int = 400, n_valid: int = 40, seed: int = 0) -> None:
+    """A synthetic task: the target is the source reversed, in upper case."""
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("valid", n_valid)):
+        src = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 9))) for _ in range(n)]
+        (folder / f"{split}.en").write_text("\n".join(src) + "\n", encoding="utf-8")
+        (folder / f"{split}.de").write_text("\n".join(" ".join(s.split()[::-1]).upper() for s in src) + "\n", encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    """A preprocessed run directory with a joint vocabulary of 100 pieces."""
+    root = tmp_path_factory.mktemp("train")
+    write_corpus(root / "text")
+    run = root / "run"
+    proc = run_nmt("preprocess", "-r", run, "-s", "en", "-t", "de", "--trainpref", root / "text/train",
+                   "--validpref", root / "text/valid", "--vocab-size", "100", "--workers", "1")
+    assert proc.returncode == 0, proc.stderr
+    return run
+
+
+def fresh_copy(prepared: Path, dest: Path) -> Path:
+    shutil.copytree(prepared, dest)
+    return dest
+
+
+TINY = ["--arch", "tiny", "--max-tokens", "256", "--threads", "1", "--no-progress-bar",
+        "--save-interval-minutes", "0", "--warmup", "10"]
+
+
+def test_log_records_lr_of_the_papers_formula_every_update(prepared, tmp_path):
+    run = fresh_copy(prepared, tmp_path / "run")
+    proc = run_nmt("train", "-r", run, *TINY, "--max-update", "12", "--log-interval", "1")
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(l) for l in (run / "logs/train.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["update"] for r in train] == list(range(1, 13))
+    for r in train:
+        assert r["lr"] == pytest.approx(paper_lr(r["update"], 64, 10), rel=1e-9)
+        for key in ("epoch", "loss", "nll_loss", "ppl", "wps", "gnorm", "wall"):
+            assert key in r
+        assert r["ppl"] == pytest.approx(2 ** r["nll_loss"], rel=1e-2)
+    assert any(r["kind"] == "valid" for r in records)
+    ckpt = load_checkpoint(run / "checkpoints/checkpoint_last.pt")
+    assert ckpt["train_state"]["update"] == 12 and ckpt["config"]["d_model"] == 64
+
+
+def test_resume_after_sigkill_ends_with_identical_parameters(prepared, tmp_path):
+    args = [*TINY, "--max-update", "40", "--save-interval-updates", "20", "--seed", "3", "--log-interval", "5"]
+    once = fresh_copy(prepared, tmp_path / "once")
+    assert run_nmt("train", "-r", once, *args).returncode == 0
+
+    killed = fresh_copy(prepared, tmp_path / "killed")
+    proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", "train", "-r", str(killed), *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not list((killed / "checkpoints").glob("checkpoint_*_20.pt")) and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert load_checkpoint(killed / "checkpoints/checkpoint_last.pt")["train_state"]["update"] < 40
+    resumed = run_nmt("train", "-r", killed, *args)
+    assert resumed.returncode == 0, resumed.stderr
+
+    a = load_checkpoint(once / "checkpoints/checkpoint_last.pt")
+    b = load_checkpoint(killed / "checkpoints/checkpoint_last.pt")
+    assert a["train_state"]["update"] == b["train_state"]["update"] == 40
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+
+
+def test_finished_run_reinvoked_does_nothing(prepared, tmp_path):
+    run = fresh_copy(prepared, tmp_path / "run")
+    args = [*TINY, "--max-update", "5", "--save-interval-updates", "5"]
+    assert run_nmt("train", "-r", run, *args).returncode == 0
+    before = {p.name: p.stat().st_mtime_ns for p in (run / "checkpoints").iterdir()}
+    again = run_nmt("train", "-r", run, *args)
+    assert again.returncode == 0 and "nothing to do" in again.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in (run / "checkpoints").iterdir()} == before
+
+
+def test_damaged_last_checkpoint_is_named_and_kept(prepared, tmp_path):
+    run = fresh_copy(prepared, tmp_path / "run")
+    assert run_nmt("train", "-r", run, *TINY, "--max-update", "6", "--save-interval-updates", "3").returncode == 0
+    last = run / "checkpoints/checkpoint_last.pt"
+    last.unlink()
+    last.write_bytes(b"not a checkpoint")
+    proc = run_nmt("train", "-r", run, *TINY, "--max-update", "9")
+    assert_one_line_error(proc, "checkpoint_last.pt", "--restore-file", "checkpoint_1_6.pt")
+    assert last.read_bytes() == b"not a checkpoint"
+
+
+def test_training_without_preprocessed_data_says_to_preprocess(tmp_path):
+    assert_one_line_error(run_nmt("train", "-r", tmp_path, "--arch", "tiny"), "nmt preprocess")
+
+
+def test_unknown_arch_is_refused_before_any_work(prepared, tmp_path):
+    run = fresh_copy(prepared, tmp_path / "run")
+    assert_one_line_error(run_nmt("train", "-r", run, "--arch", "huge"), "tiny, small, base, big")
+    assert not (run / "checkpoints").exists()
+
+
+def test_shared_embeddings_with_separate_vocabularies_are_refused(tmp_path):
+    write_corpus(tmp_path / "text")
+    run = tmp_path / "run"
+    proc = run_nmt("preprocess", "-r", run, "-s", "en", "-t", "de", "--trainpref", tmp_path / "text/train",
+                   "--vocab-size", "60", "--no-joined", "--workers", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert_one_line_error(run_nmt("train", "-r", run, *TINY, "--max-update", "2", "--share-all-embeddings"),
+                          "--share-all-embeddings")
+    ok = run_nmt("train", "-r", run, *TINY, "--max-update", "2")  # default: separate embeddings
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_bf16_autocast_trains_on_cpu(prepared, tmp_path):
+    run = fresh_copy(prepared, tmp_path / "run")
+    proc = run_nmt("train", "-r", run, *TINY, "--max-update", "4", "--amp", "bf16", "--log-interval", "1")
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(l) for l in (run / "logs/train.jsonl").read_text().splitlines()]
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in records if r["kind"] == "train")
+    assert json.loads((run / "config/train.json").read_text())["precision"] == "bf16"
+
+
+def test_non_finite_losses_skip_updates_then_stop_clearly(prepared, tmp_path, monkeypatch):
+    import nmt.train as train_module
+    from nmt.errors import NmtError
+    from nmt.train_config import TrainConfig
+
+    real = train_module.label_smoothed_nll_loss
+
+    def poisoned(logits, target, eps):
+        loss, nll = real(logits, target, eps)
+        return loss * float("nan"), nll
+
+    monkeypatch.setattr(train_module, "label_smoothed_nll_loss", poisoned)
+    run = fresh_copy(prepared, tmp_path / "run")
+    cfg = TrainConfig(arch="tiny", max_tokens=256, threads=1, no_progress_bar=True, max_update=50, max_skips=3,
+                      save_interval_minutes=0)
+    with pytest.raises(NmtError, match="3 updates in a row"):
+        train_module.train(run, cfg)
+    skips = [json.loads(l) for l in (run / "logs/train.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in skips] == ["skip"] * 2  # the third raises before logging

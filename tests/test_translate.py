@@ -1,0 +1,219 @@
+"""`nmt translate` answers every input line exactly once, in order, with the run's model."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import assert_one_line_error, run_nmt
+from nmt.beam_search import SearchConfig
+from nmt.checkpoint import save_checkpoint
+from nmt.model import Transformer, build_config
+from nmt.rundir import RunDir
+from nmt.tokenizer import train_tokenizer
+from nmt.translate import TranslateConfig, Translator, default_checkpoint, load_translator
+
+WORDS = ("ein Mann fährt Fahrrad über die Straße . zwei Hunde spielen im Schnee , während Kinder lachen ; "
+         "a man rides a bike across the street . two dogs play in the snow while children laugh ! "
+         "café déjà vu naïve größer Mädchen").split()
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models: a second thread only adds synchronisation (and the test machine is shared)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _lines(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 12))) for _ in range(n)]
+
+
+def _save_model(path: Path, vocab: int, seed: int) -> None:
+    torch.manual_seed(seed)
+    model = Transformer(build_config("tiny", vocab, vocab, max_positions=48))
+    save_checkpoint(path, {"model": model.state_dict(), "config": model.cfg.to_dict()})
+
+
+def _make_run(root: Path, lines: list[str], vocab_size: int) -> Path:
+    """A run directory as `nmt preprocess` + `nmt train` leave it, with a random tiny model."""
+    from nmt.tokenizer import load_tokenizer
+
+    path = train_tokenizer("bpe", lines, vocab_size, root / "vocab" / "joint.model", num_threads=1)
+    vocab = load_tokenizer(path).vocab_size
+    RunDir(root).write_record("preprocess", {
+        "source_lang": "en", "target_lang": "de", "vocab_type": "bpe", "joined": True,
+        "vocab": {"en": "vocab/joint.model", "de": "vocab/joint.model"},
+        "vocab_sizes": {"en": vocab, "de": vocab}, "dtype": "uint16", "moses": False, "splits": {},
+    })
+    _save_model(root / "checkpoints" / "checkpoint_last.pt", vocab, seed=0)
+    return root
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    return _make_run(tmp_path_factory.mktemp("run"), _lines(400, 0), 90)
+
+
+def _input_bytes() -> tuple[bytes, int]:
+    """Empty lines, a whitespace-only line, a 5000-word line, a bad UTF-8 byte and a last line without newline."""
+    lines = _lines(12, 1)
+    raw = [l.encode() for l in lines]
+    raw[2] = b""
+    raw[5] = b"   "
+    raw[7] = " ".join(["Straße"] * 5000).encode()
+    raw[9] = b"zwei Hunde \xff\xfe spielen"
+    raw[11] = b""
+    return b"\n".join(raw) + b"\n" + b"ein Mann", len(raw) + 1
+
+
+def test_every_line_gets_one_line_in_order_even_empty_long_and_bad_bytes(run_dir):
+    data, n_lines = _input_bytes()
+    proc = run_nmt("translate", "--threads", "1", "-r", run_dir, "--encoding-errors", "replace", "--max-tokens", "64", input=data)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.split("\n")
+    assert out[-1] == "" and len(out) - 1 == n_lines
+    assert out[2] == "" and out[5] == "" and out[11] == ""
+    assert sum(o != "" for o in out[:-1]) >= n_lines - 3  # a random model may still emit eos first
+    warnings = [l for l in proc.stderr.splitlines() if "truncated" in l]
+    assert len(warnings) == 1 and "1 line(s)" in warnings[0] and "48 positions" in warnings[0]
+
+    # In order: the same as translating each line on its own through the library.
+    translator = load_translator(run_dir, search=SearchConfig(), cfg=TranslateConfig(device="cpu"))
+    lines = data.decode("utf-8", errors="replace").split("\n")
+    alone = [translator.translate([line])[0].hyp for line in lines]
+    assert out[:-1] == alone
+
+
+def test_invalid_utf8_is_an_error_naming_the_line(run_dir):
+    data, _ = _input_bytes()
+    assert_one_line_error(run_nmt("translate", "--threads", "1", "-r", run_dir, input=data), "line 10", "--encoding-errors replace")
+
+
+def test_jsonl_gives_hypothesis_score_and_nbest_per_line(run_dir):
+    proc = run_nmt("translate", "--threads", "1", "-r", run_dir, "--format", "jsonl", "--beam", "3", "--nbest", "2", "--quiet",
+                   input="ein Mann fährt\n\nzwei Hunde spielen im Schnee\n")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    rows = [json.loads(l) for l in proc.stdout.splitlines()]
+    assert len(rows) == 3
+    assert rows[1] == {"hyp": "", "score": None, "nbest": []}
+    for row in (rows[0], rows[2]):
+        assert len(row["nbest"]) == 2
+        assert row["nbest"][0] == {"hyp": row["hyp"], "score": row["score"]}
+        assert row["nbest"][0]["score"] >= row["nbest"][1]["score"]
+
+
+def test_text_output_refuses_nbest_above_one(run_dir):
+    assert_one_line_error(run_nmt("translate", "--threads", "1", "-r", run_dir, "--nbest", "2", input="a\n"), "--format jsonl")
+
+
+def test_default_checkpoint_is_avg_then_best_then_last_and_named_on_stderr(run_dir, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    ckpt = run / "checkpoints"
+    assert default_checkpoint(RunDir(run)) == ckpt / "checkpoint_last.pt"
+    shutil.copy(ckpt / "checkpoint_last.pt", ckpt / "checkpoint_best.pt")
+    assert default_checkpoint(RunDir(run)) == ckpt / "checkpoint_best.pt"
+    shutil.copy(ckpt / "checkpoint_last.pt", ckpt / "checkpoint_avg.pt")
+    assert default_checkpoint(RunDir(run)) == ckpt / "checkpoint_avg.pt"
+    proc = run_nmt("translate", "--threads", "1", "-r", run, "--max-len-b", "2", input="ein Mann\n")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines()[0] == f"nmt translate: checkpoint {ckpt / 'checkpoint_avg.pt'}"
+
+
+def test_no_checkpoint_and_a_damaged_checkpoint_are_one_line_errors(run_dir, tmp_path):
+    empty = tmp_path / "run"
+    shutil.copytree(run_dir, empty)
+    shutil.rmtree(empty / "checkpoints")
+    assert_one_line_error(run_nmt("translate", "--threads", "1", "-r", empty, input="a\n"), "checkpoint_best.pt", "nmt train")
+
+    damaged = tmp_path / "damaged.pt"
+    damaged.write_bytes((run_dir / "checkpoints" / "checkpoint_last.pt").read_bytes()[:5000])
+    assert_one_line_error(run_nmt("translate", "--threads", "1", "-r", run_dir, "--checkpoint", damaged, input="a\n"), str(damaged), "damaged")
+
+
+def test_output_is_utf8_whatever_the_locale(tmp_path):
+    # A vocabulary of non-ASCII pieces only, so any output of the random model shows the encoding.
+    words = "größer Mädchen ÄÖÜ ßüé èñ çå øœ".split()
+    rng = random.Random(4)
+    run = _make_run(tmp_path / "run", [" ".join(rng.choice(words) for _ in range(6)) for _ in range(300)], 40)
+    text = "größer Mädchen"
+    proc = run_nmt("translate", "--threads", "1", "-r", run, "--quiet", "--max-len-b", "5", input=f"{text}\n" * 2,
+                   env={"LC_ALL": "C", "LANG": "C", "PYTHONIOENCODING": "ascii"})
+    assert proc.returncode == 0, proc.stderr
+    want = load_translator(run, search=SearchConfig(max_len_b=5), cfg=TranslateConfig(device="cpu")).translate([text])[0].hyp
+    assert any(ord(c) > 127 for c in want)  # the check below means something
+    assert proc.stdout.splitlines() == [want] * 2
+
+
+# -- library ---------------------------------------------------------------------------
+
+def test_batched_translation_equals_one_line_at_a_time(run_dir):
+    lines = _lines(12, 2)
+    batched = load_translator(run_dir, search=SearchConfig(max_len_b=8), cfg=TranslateConfig(device="cpu", max_tokens=40))
+    together = batched.translate(lines)
+    for line, tr in zip(lines, together):
+        alone = batched.translate([line])[0]
+        assert tr.hyp == alone.hyp
+        assert tr.score == pytest.approx(alone.score, abs=1e-5)
+
+
+def test_ensemble_of_a_model_with_itself_translates_as_the_model(run_dir, tmp_path):
+    ckpt = run_dir / "checkpoints" / "checkpoint_last.pt"
+    other = tmp_path / "other.pt"
+    _save_model(other, load_translator(run_dir, cfg=TranslateConfig(device="cpu")).src_tokenizer.vocab_size, seed=1)
+    lines = _lines(6, 3)
+    search = SearchConfig(max_len_b=8)
+    single = load_translator(run_dir, [ckpt], search, TranslateConfig(device="cpu")).translate(lines)
+    twice = load_translator(run_dir, [ckpt, ckpt], search, TranslateConfig(device="cpu")).translate(lines)
+    mixed = load_translator(run_dir, [ckpt, other], search, TranslateConfig(device="cpu")).translate(lines)
+    assert [t.hyp for t in twice] == [t.hyp for t in single]
+    assert [t.hyp for t in mixed] != [t.hyp for t in single]
+
+
+class _RecordingTokenizer:
+    """Stands in for SentencePiece: records what it is asked to encode."""
+
+    vocab_size = 20
+
+    def __init__(self):
+        self.encoded: list[str] = []
+
+    def encode(self, lines):
+        self.encoded += lines
+        return [[5 + (len(w) % 10) for w in line.split()] for line in lines]
+
+    def decode(self, ids):
+        return ["Hallo , Welt !" for _ in ids]
+
+
+def test_moses_runs_are_tokenized_before_and_detokenized_after(monkeypatch):
+    pytest.importorskip("sacremoses")
+    torch.manual_seed(0)
+    model = Transformer(build_config("tiny", 20, 20)).eval()
+    tok = _RecordingTokenizer()
+    translator = Translator([model], tok, tok, SearchConfig(max_len_b=3), TranslateConfig(), moses_langs=("en", "de"))
+    out = translator.translate(["Hello, world!", ""])
+    assert tok.encoded == ["Hello , world !", ""]
+    assert [t.hyp for t in out] == ["Hallo, Welt!", ""]
+
+
+def test_a_translation_never_spans_lines():
+    class Multiline(_RecordingTokenizer):
+        def decode(self, ids):
+            return ["eins\nzwei\u2028drei" for _ in ids]
+
+    torch.manual_seed(0)
+    model = Transformer(build_config("tiny", 20, 20)).eval()
+    tok = Multiline()
+    out = Translator([model], tok, tok, SearchConfig(max_len_b=2), TranslateConfig()).translate(["a b", "c"])
+    assert [t.hyp for t in out] == ["eins zwei drei"] * 2
