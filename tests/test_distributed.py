@@ -1,0 +1,131 @@
+"""Scale-out on CPU: DDP over gloo equals one process with gradient accumulation; a dead worker
+stops the job with its rank named; fp16 loss scaling skips overflows and stops on collapse."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from conftest import REPO, run_nmt
+from nmt.checkpoint import load_checkpoint
+from test_train import TINY, fresh_copy, prepared  # noqa: F401  (fixture)
+
+DDP_ARGS = [*TINY[:-2], "--warmup", "4", "--dropout", "0", "--max-update", "4", "--seed", "5",
+            "--log-interval", "1", "--no-epoch-checkpoints"]
+
+
+def final_params(run: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(run / "checkpoints/checkpoint_last.pt")["model"]
+
+
+def assert_same_params(a: dict, b: dict) -> None:
+    for name, t in a.items():
+        assert torch.allclose(t, b[name], rtol=1e-4, atol=1e-6), name
+
+
+@pytest.fixture(scope="module")
+def single_with_update_freq_2(prepared, tmp_path_factory) -> Path:  # noqa: F811
+    run = fresh_copy(prepared, tmp_path_factory.mktemp("uf2") / "run")
+    proc = run_nmt("train", "-r", run, *DDP_ARGS, "--update-freq", "2")
+    assert proc.returncode == 0, proc.stderr
+    return run
+
+
+def test_two_gloo_processes_equal_one_process_with_update_freq_2(prepared, single_with_update_freq_2, tmp_path):  # noqa: F811
+    run = fresh_copy(prepared, tmp_path / "ddp")
+    proc = run_nmt("train", "-r", run, *DDP_ARGS, "--device", "cpu", "--distributed-world-size", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "2 process(es)" in proc.stderr
+    assert_same_params(final_params(single_with_update_freq_2), final_params(run))
+    ddp_log = [json.loads(l) for l in (run / "logs/train.jsonl").read_text().splitlines()]
+    one_log = [json.loads(l) for l in (single_with_update_freq_2 / "logs/train.jsonl").read_text().splitlines()]
+    assert [r["wpb"] for r in ddp_log if r["kind"] == "train"] == [r["wpb"] for r in one_log if r["kind"] == "train"]
+
+
+def test_torchrun_two_processes_give_the_same_result(prepared, single_with_update_freq_2, tmp_path):  # noqa: F811
+    run = fresh_copy(prepared, tmp_path / "torchrun")
+    torchrun = Path(sys.executable).with_name("torchrun")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port),
+                           "-m", "nmt_cli", "train",
+                           "-r", str(run), *DDP_ARGS, "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_params(final_params(single_with_update_freq_2), final_params(run))
+
+
+def test_killed_worker_stops_the_job_naming_its_rank_and_rerun_resumes(prepared, tmp_path):  # noqa: F811
+    run = fresh_copy(prepared, tmp_path / "run")
+    args = [*TINY, "--max-update", "400", "--save-interval-updates", "5", "--device", "cpu", "--distributed-world-size", "2"]
+    parent = subprocess.Popen([sys.executable, "-m", "nmt_cli", "train", "-r", str(run), *args],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (run / "checkpoints/checkpoint_last.pt").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    workers = sorted((p for p in psutil.Process(parent.pid).children() if "spawn" in " ".join(p.cmdline())),
+                     key=lambda p: (p.create_time(), p.pid))
+    assert len(workers) == 2
+    workers[1].send_signal(signal.SIGKILL)
+    start = time.time()
+    _, stderr = parent.communicate(timeout=60)
+    assert time.time() - start < 60
+    assert parent.returncode != 0
+    assert "rank 1" in stderr and "SIGKILL" in stderr and "Traceback" not in stderr
+
+    saved = load_checkpoint(run / "checkpoints/checkpoint_last.pt")["train_state"]["update"]
+    again = run_nmt("train", "-r", run, *[a if a != "400" else str(saved + 5) for a in args])
+    assert again.returncode == 0, again.stderr
+    assert f"at update {saved}" in again.stderr
+    assert load_checkpoint(run / "checkpoints/checkpoint_last.pt")["train_state"]["update"] == saved + 5
+
+
+# -- fp16 dynamic loss scaling (on CPU) --------------------------------------------------------
+
+def test_fp16_overflow_skips_the_update_and_halves_the_scale(prepared, tmp_path, monkeypatch):  # noqa: F811
+    import nmt.train as train_module
+    from nmt.train_config import TrainConfig
+
+    real = train_module.label_smoothed_nll_loss
+    calls = {"n": 0}
+
+    def huge_first(logits, target, eps):
+        loss, nll = real(logits, target, eps)
+        calls["n"] += 1
+        return (loss * 1e30 if calls["n"] == 1 else loss), nll
+
+    monkeypatch.setattr(train_module, "label_smoothed_nll_loss", huge_first)
+    run = fresh_copy(prepared, tmp_path / "run")
+    cfg = TrainConfig(arch="tiny", max_tokens=256, threads=1, no_progress_bar=True, max_update=3, amp="fp16",
+                      save_interval_minutes=0, log_interval=1, device="cpu")
+    result = train_module.train(run, cfg)
+    assert result.update == 3
+    records = [json.loads(l) for l in (run / "logs/train.jsonl").read_text().splitlines()]
+    skip = [r for r in records if r["kind"] == "skip"]
+    assert len(skip) == 1 and skip[0]["loss_scale"] == 64.0  # 128 halved
+    assert [r["update"] for r in records if r["kind"] == "train"] == [1, 2, 3]
+
+
+def test_fp16_scale_collapse_stops_with_a_clear_message(prepared, tmp_path, monkeypatch):  # noqa: F811
+    import nmt.train as train_module
+    from nmt.errors import NmtError
+    from nmt.train_config import TrainConfig
+
+    real = train_module.label_smoothed_nll_loss
+    monkeypatch.setattr(train_module, "label_smoothed_nll_loss",
+                        lambda logits, target, eps: (real(logits, target, eps)[0] * float("inf"), real(logits, target, eps)[1]))
+    run = fresh_copy(prepared, tmp_path / "run")
+    cfg = TrainConfig(arch="tiny", max_tokens=256, threads=1, no_progress_bar=True, max_update=100, amp="fp16",
+                      save_interval_minutes=0, device="cpu", max_skips=1000, min_loss_scale=1.0)
+    with pytest.raises(NmtError, match="loss scale fell below"):
+        train_module.train(run, cfg)
