@@ -35,5 +35,18 @@ bench-train: install
 bench-translate: install
 	$(BIN)/python bench/bench_translate.py
 
+# The main job: Multi30k task 1 end to end, ending with a BLEU score and RUN_DIR/summary.json.
+# Settings are the dicts at the top of recipes/multi30k.py; any of them, and MULTI30K_DIR,
+# RUN_DIR, SRC, TGT, pass through the environment, e.g.
+#   make recipe-multi30k MULTI30K_DIR=../shared/data/multi30k BUDGET=10m
+recipe-multi30k: install
+	$(BIN)/python recipes/multi30k.py
+
+# The paper's WMT14 En-De pipeline, for GPU machines (settings: recipes/wmt14_ende.py), e.g.
+#   make recipe-wmt14-ende DRY_RUN=1            # print the plan only
+#   make recipe-wmt14-ende ARCH=base WMT14_DIR=/data/wmt14
+recipe-wmt14-ende: install
+	$(BIN)/python recipes/wmt14_ende.py
+
 clean:
 	rm -rf $(VENV) build *.egg-info

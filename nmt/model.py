@@ -78,6 +78,13 @@ def transformer_tiny() -> TransformerConfig:
     return TransformerConfig(d_model=64, d_ff=128, n_heads=4, encoder_layers=2, decoder_layers=2, dropout=0.1, max_positions=256)
 
 
+def transformer_mini() -> TransformerConfig:
+    """CPU recipe size: 4+4 layers, d_model 128, d_ff 512, 4 heads (the 2.6M-parameter
+    Multi30k model of Wu et al., ACL 2021); on two CPU cores it sees about twice the data
+    of `small` in the same time, which wins on a 30-minute budget."""
+    return TransformerConfig(d_model=128, d_ff=512, n_heads=4, encoder_layers=4, decoder_layers=4, dropout=0.1)
+
+
 def transformer_small() -> TransformerConfig:
     """CPU-sized: 3+3 layers, d_model 256, d_ff 1024, 4 heads."""
     return TransformerConfig(d_model=256, d_ff=1024, n_heads=4, encoder_layers=3, decoder_layers=3, dropout=0.1)
@@ -95,6 +102,7 @@ def transformer_big() -> TransformerConfig:
 
 ARCHS = {
     "tiny": transformer_tiny,
+    "mini": transformer_mini,
     "small": transformer_small,
     "base": transformer_base,
     "big": transformer_big,

@@ -167,6 +167,10 @@ class Trainer:
         self.device = ctx.device
         if cfg.threads > 0:
             torch.set_num_threads(cfg.threads)
+        if self.device.type == "cpu":
+            # Adam's second moments and tiny gradients reach denormal floats, which x86 cores
+            # compute up to 100x slower; flushing them to zero changes nothing measurable.
+            torch.set_flush_denormal(True)
         self.precision = Precision.create(cfg.amp, self.device, cfg.min_loss_scale)
 
         self.model_cfg = model_config_for(cfg, self.prep)
@@ -184,7 +188,7 @@ class Trainer:
         self.model = Transformer(self.model_cfg).to(self.device)
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), lr=0.0, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
-            weight_decay=cfg.weight_decay, foreach=True,
+            weight_decay=cfg.weight_decay, fused=True,
         )
         self.state = TrainState()
         if resume is not None:
@@ -304,10 +308,19 @@ class Trainer:
                 batch, weight = collate(self.train_data.src, self.train_data.tgt, group[0]), 0.0
             batch = batch.to(self.device)
             sync = nullcontext() if i == n_micro - 1 else ctx.no_sync(self.ddp_model)
-            with sync:
-                loss, nll = forward_loss(self.ddp_model, batch, cfg.label_smoothing, self.precision)
-                scaled = loss * (weight * ctx.world_size / tgt_tokens)
-                self.precision.backward(scaled)
+            try:
+                with sync:
+                    loss, nll = forward_loss(self.ddp_model, batch, cfg.label_smoothing, self.precision)
+                    scaled = loss * (weight * ctx.world_size / tgt_tokens)
+                    self.precision.backward(scaled)
+            except torch.OutOfMemoryError:
+                # Skipping on one rank would leave the others waiting in the all-reduce
+                # (fairseq#810), so the whole job stops, checkpoints intact, with advice.
+                raise NmtError(
+                    f"out of memory on rank {ctx.rank} at update {update} with a batch of {batch.n_sentences} "
+                    f"sentences ({batch.n_src_tokens}+{batch.n_tgt_tokens} tokens); lower --max-tokens (raise "
+                    f"--update-freq to keep the batch), then re-run to resume from checkpoint_last.pt"
+                ) from None
             if weight:
                 loss_sum += loss.item()
                 nll_sum += nll.item()
@@ -373,15 +386,18 @@ class Trainer:
         if ctx.is_main:
             self.rd.write_record("train", self.train_record())
         self.logger.start(self, self.describe())
+        if self.precision.name == "bf16" and self.device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            self.logger.info("warning: this CPU has no native bf16 matrix units (AVX512-BF16/AMX), so --amp bf16 "
+                             "runs slower than fp32 here; use --amp none")
         if self.resumed_from:
             how = "fine-tuning from" if cfg.finetune_from else "resuming from"
             self.logger.info(f"{how} {self.resumed_from} at update {s.update}, epoch {s.epoch} "
                              f"(+{s.updates_in_epoch} updates into it), {s.train_time / 60:.1f} min trained")
-        stopped = self.limits_reached()
-        if s.finished or stopped:
+        stopped = self.limits_reached()  # the limits given now: raising one continues a finished run
+        if stopped:
             self.logger.info(f"training already finished at update {s.update} (epoch {s.epoch}); nothing to do")
             self.logger.close()
-            return TrainResult(s.update, s.epoch, s.train_time, stopped or "finished", s.best_loss)
+            return TrainResult(s.update, s.epoch, s.train_time, stopped, s.best_loss)
         session_start = time.monotonic()
         time_base = s.train_time
         last_interval_save = time.monotonic()
@@ -435,6 +451,7 @@ class Trainer:
             s.finished = stopped is not None
             names = ["checkpoint_last.pt"] if cfg.no_epoch_checkpoints else [f"checkpoint{finished_epoch}.pt", "checkpoint_last.pt"]
             self.save(names, metrics)
+            last_interval_save = time.monotonic()
         self.logger.info(f"done: {stopped} reached at update {s.update}, epoch {s.epoch}, "
                          f"{s.train_time / 60:.1f} min of training")
         self.logger.close()

@@ -19,7 +19,7 @@ def _f(default: Any, help: str) -> Any:
 @dataclass
 class TrainConfig:
     # -- model -------------------------------------------------------------------------
-    arch: str = _f("base", "Architecture: tiny, small (3+3, d 256), base (paper base), big (paper big).")
+    arch: str = _f("base", "Architecture (`nmt archs`): tiny (tests), mini (4+4, d 128), small (3+3, d 256), base (paper base), big (paper big).")
     d_model: Optional[int] = _f(None, "Override d_model (paper: 512 base, 1024 big).")
     d_ff: Optional[int] = _f(None, "Override the feed-forward width d_ff (paper: 2048 base, 4096 big).")
     heads: Optional[int] = _f(None, "Override the number of attention heads h (paper: 8 base, 16 big).")

@@ -115,7 +115,8 @@ class TrainLogger:
 
     def valid(self, state: Any, metrics: dict[str, float]) -> None:
         rec = {"kind": "valid", "epoch": state.epoch, "update": state.update, **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in metrics.items()},
-               "best_loss": state.best_loss, "wall": round(state.train_time, 2)}
+               "best_loss": round(min(metrics["loss"], state.best_loss if state.best_loss is not None else math.inf), 4),
+               "wall": round(state.train_time, 2)}
         self.record(rec)
         self.info("valid | " + " | ".join(f"{k} {v}" for k, v in rec.items() if k != "kind"))
 

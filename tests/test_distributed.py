@@ -129,3 +129,19 @@ def test_fp16_scale_collapse_stops_with_a_clear_message(prepared, tmp_path, monk
                       save_interval_minutes=0, device="cpu", max_skips=1000, min_loss_scale=1.0)
     with pytest.raises(NmtError, match="loss scale fell below"):
         train_module.train(run, cfg)
+
+
+def test_out_of_memory_stops_the_job_with_advice_instead_of_hanging(prepared, tmp_path, monkeypatch):  # noqa: F811
+    import nmt.train as train_module
+    from nmt.errors import NmtError
+    from nmt.train_config import TrainConfig
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(train_module, "forward_loss", oom)
+    run = fresh_copy(prepared, tmp_path / "run")
+    cfg = TrainConfig(arch="tiny", max_tokens=256, threads=1, no_progress_bar=True, max_update=3,
+                      save_interval_minutes=0, device="cpu")
+    with pytest.raises(NmtError, match="out of memory on rank 0 at update 1.*lower --max-tokens"):
+        train_module.train(run, cfg)

@@ -39,7 +39,7 @@ def test_archs_parameter_counts_match_the_paper():
 def test_unknown_arch_lists_the_known_ones():
     from nmt.errors import NmtError
 
-    with pytest.raises(NmtError, match="tiny, small, base, big"):
+    with pytest.raises(NmtError, match="tiny, mini, small, base, big"):
         build_config("huge", 100, 100)
 
 

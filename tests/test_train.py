@@ -121,7 +121,7 @@ def test_training_without_preprocessed_data_says_to_preprocess(tmp_path):
 
 def test_unknown_arch_is_refused_before_any_work(prepared, tmp_path):
     run = fresh_copy(prepared, tmp_path / "run")
-    assert_one_line_error(run_nmt("train", "-r", run, "--arch", "huge"), "tiny, small, base, big")
+    assert_one_line_error(run_nmt("train", "-r", run, "--arch", "huge"), "tiny, mini, small, base, big")
     assert not (run / "checkpoints").exists()
 
 
@@ -165,3 +165,30 @@ def test_non_finite_losses_skip_updates_then_stop_clearly(prepared, tmp_path, mo
         train_module.train(run, cfg)
     skips = [json.loads(l) for l in (run / "logs/train.jsonl").read_text().splitlines()]
     assert [r["kind"] for r in skips] == ["skip"] * 2  # the third raises before logging
+
+
+def test_pairs_longer_than_the_positions_are_skipped_and_counted(prepared, tmp_path):
+    run = fresh_copy(prepared, tmp_path / "run")
+    proc = run_nmt("train", "-r", run, *TINY, "--max-update", "2", "--max-positions", "8")
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((run / "config/train.json").read_text())
+    assert record["skipped_long_pairs"] > 0
+    assert f"{record['skipped_long_pairs']} skipped as longer than 7 tokens" in proc.stderr
+
+
+def test_eval_bleu_logs_valid_bleu_and_picks_the_best_checkpoint_by_it(prepared, tmp_path):
+    run = fresh_copy(prepared, tmp_path / "run")
+    proc = run_nmt("train", "-r", run, *TINY, "--max-update", "3", "--eval-bleu")
+    assert proc.returncode == 0, proc.stderr
+    valid = [json.loads(l) for l in (run / "logs/train.jsonl").read_text().splitlines() if '"valid"' in l]
+    assert valid and 0.0 <= valid[-1]["bleu"] <= 100.0
+    assert load_checkpoint(run / "checkpoints/checkpoint_best.pt")["train_state"]["best_bleu"] == valid[0]["bleu"]
+
+
+def test_raising_the_update_limit_continues_a_finished_run(prepared, tmp_path):
+    run = fresh_copy(prepared, tmp_path / "run")
+    assert run_nmt("train", "-r", run, *TINY, "--max-update", "3").returncode == 0
+    more = run_nmt("train", "-r", run, *TINY, "--max-update", "5")
+    assert more.returncode == 0, more.stderr
+    assert "resuming from" in more.stderr
+    assert load_checkpoint(run / "checkpoints/checkpoint_last.pt")["train_state"]["update"] == 5

@@ -1,0 +1,287 @@
+"""`make recipe-multi30k`: the whole chain on Multi30k task 1, ending with a BLEU score.
+
+Multi30k task 1 (Elliott et al. 2016): image captions, 29000 training pairs, 1014 for
+validation (val), 1000 for test (test_2016_flickr), in en, de, fr and cs. The steps:
+
+    data -> nmt preprocess (joint BPE) -> nmt train (wall-clock budget) ->
+    nmt average-checkpoints -> nmt translate (beam 4, alpha 0.6) -> nmt score (sacreBLEU) ->
+    nmt plot -> summary (printed, and RUN_DIR/summary.json)
+
+Every step is printed as the exact `nmt ...` command before it runs. A second run skips
+preprocessing, resumes or skips training, and redoes the cheap later steps.
+
+Settings: TRAINING and DECODING below (edit them, or override one for a run with the
+environment variable of the same name), and SETUP for data and run directory:
+    make recipe-multi30k MULTI30K_DIR=../shared/data/multi30k BUDGET=10m ARCH=tiny
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import shlex
+from pathlib import Path
+from typing import Any, Optional
+
+from common import (RecipeError, Step, download, flag_value, format_duration, main_guard, run_steps,
+                    settings_from_env, training_stats, write_json)
+
+# ---------------------------------------------------------------------------------------
+# Training defaults: the knobs that decide BLEU on a 30-minute CPU budget. Each one can be
+# overridden for a run by the environment variable of the same name (ARCH=tiny make ...).
+# ---------------------------------------------------------------------------------------
+TRAINING: dict[str, Any] = {
+    # Chosen for a 30-minute budget on 2 CPU cores (AVX2, ~50 GFLOP/s): the compute-optimal
+    # model is small, so `mini` (4+4, d_model 128) at ~2300 target tokens/s sees ~10 epochs
+    # where `small` (d_model 256) sees ~4; small batches, a short warmup and a high peak rate
+    # give many updates early. A 12-minute probe at 1 thread each: mini valid ppl 36 vs
+    # small-ish (3+3, d 192) 44 at equal time.
+    "ARCH": "mini",                # `nmt archs`: mini = 4+4 layers, d_model 128, d_ff 512, 4 heads
+    "VOCAB": 8000,                 # joint BPE vocabulary size (nmt preprocess --vocab-size)
+    "MAX_TOKENS": 2048,            # tokens per batch and side, padding included (--max-tokens)
+    "UPDATE_FREQ": 1,              # batches accumulated per update (--update-freq)
+    "LR": 2e-3,                    # peak learning rate after warmup, then inverse sqrt (--lr)
+    "WARMUP": 400,                 # linear warmup updates (--warmup)
+    "DROPOUT": 0.1,                # residual dropout P_drop (--dropout)
+    "LABEL_SMOOTHING": 0.1,        # epsilon_ls (--label-smoothing; paper 0.1)
+    "AMP": "auto",                 # auto (bf16 on capable GPUs, fp32 on CPU), bf16, fp16, none (--amp)
+    "BUDGET": "30m",               # wall-clock training budget (--max-time; 0 = none)
+    "MAX_UPDATE": 0,               # stop after this many updates instead, if sooner (0 = budget only)
+    "SAVE_INTERVAL_MINUTES": 2.0,  # interval checkpoints checkpoint_E_U.pt (--save-interval-minutes)
+    "AVERAGE_LAST": 3,             # average this many last checkpoints: the last ~4 minutes
+    "AVERAGE_KIND": "updates",     # which ones count: all, updates (interval) or epochs
+    "LOG_INTERVAL": 100,           # a train record in logs/train.jsonl every N updates
+    "TRAIN_ARGS": "",              # any further `nmt train` flags, e.g. "--clip-norm 1 --pre-ln"
+}
+
+# The paper's decoding (Section 6.1): beam 4, length penalty alpha 0.6.
+DECODING: dict[str, Any] = {
+    "BEAM": 4,
+    "LENPEN": 0.6,
+}
+
+# Data, languages and run directory.
+SETUP: dict[str, Any] = {
+    "SRC": "en",
+    "TGT": "de",
+    "RUN_DIR": None,          # default: runs/multi30k-SRC-TGT
+    "MULTI30K_DIR": None,     # a folder with {train,val,test_2016_flickr}.{lang}.gz; unset: download
+    "MULTI30K_URL": "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/",
+    "DOWNLOAD_TIMEOUT": 10.0, # seconds without an answer before a download counts as failed
+    "SLICE": 0,               # tests only: train on the first N pairs (0 = all 29000)
+    "THREADS": 0,             # CPU threads of train/translate and preprocess workers (0 = all)
+    "DRY_RUN": False,         # print the steps without running them
+}
+
+LANGUAGES = ("en", "de", "fr", "cs")
+SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
+PROG = "recipes/multi30k.py"
+
+
+def data_files(data_dir: Path, langs: tuple[str, str]) -> list[Path]:
+    """The six .gz files the recipe reads: train, val and test_2016_flickr in both languages."""
+    return [data_dir / f"{prefix}.{lang}.gz" for prefix in SPLITS.values() for lang in langs]
+
+
+def fetch_data(s: dict[str, Any], raw_dir: Path) -> None:
+    """Download the raw Multi30k files that are not in RUN_DIR/raw yet, and check each is whole gzip."""
+    base = s["MULTI30K_URL"].rstrip("/") + "/"
+    hint = ("without network, set MULTI30K_DIR to a folder holding the multi30k/dataset files "
+            "data/task1/raw/{train,val,test_2016_flickr}.{%s,%s}.gz" % (s["SRC"], s["TGT"]))
+    for path in data_files(raw_dir, (s["SRC"], s["TGT"])):
+        if path.is_file():
+            continue
+        download(base + path.name, path, s["DOWNLOAD_TIMEOUT"], hint)
+        try:
+            with gzip.open(path, "rb") as f:
+                while f.read(1 << 20):
+                    pass
+        except (OSError, EOFError) as e:
+            path.unlink()
+            raise RecipeError(f"{base + path.name} did not download as a gzip file ({e}); re-run, or set MULTI30K_DIR") from None
+
+
+def write_slice(src_dir: Path, out_dir: Path, langs: tuple[str, str], n: int) -> None:
+    """The first `n` training pairs as plain text; written once, so preprocessing stays a no-op."""
+    for lang in langs:
+        out = out_dir / f"train.{lang}"
+        if out.is_file():
+            continue
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with gzip.open(src_dir / f"train.{lang}.gz", "rb") as f:
+            lines = [line for _, line in zip(range(n), f)]
+        tmp = out.with_name(f".{out.name}.part")
+        tmp.write_bytes(b"".join(lines))
+        tmp.replace(out)
+
+
+def count_checkpoints(run_dir: Path, kind: str) -> int:
+    from nmt.average import list_checkpoints
+    from nmt.errors import NmtError
+
+    try:
+        return len(list_checkpoints(run_dir / "checkpoints", kind))
+    except NmtError:
+        return 0
+
+
+def build_steps(s: dict[str, Any]) -> list[Step]:
+    src, tgt = s["SRC"], s["TGT"]
+    run = Path(s["RUN_DIR"])
+    data_dir = Path(s["MULTI30K_DIR"]) if s["MULTI30K_DIR"] else run / "raw"
+    train_dir = run / f"slice{s['SLICE']}" if s["SLICE"] else data_dir
+    hyp = run / f"test.hyp.{tgt}"
+    score_json = run / "test.score.json"
+    threads = ["--threads", str(s["THREADS"])] if s["THREADS"] else []
+    steps: list[Step] = []
+
+    # 1. data
+    if s["MULTI30K_DIR"]:
+        def check_local() -> None:
+            missing = [p for p in data_files(data_dir, (src, tgt)) if not p.is_file()]
+            if missing:
+                raise RecipeError(f"MULTI30K_DIR={data_dir} lacks {missing[0].name}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+                                  + f"; it must hold {{train,val,test_2016_flickr}}.{{{src},{tgt}}}.gz from multi30k/dataset data/task1/raw")
+        steps.append(Step("data: Multi30k task 1 from MULTI30K_DIR", action=check_local,
+                          describe=f"use {data_dir}/{{train,val,test_2016_flickr}}.{{{src},{tgt}}}.gz"))
+    else:
+        steps.append(Step("data: download Multi30k task 1", action=lambda: fetch_data(s, data_dir),
+                          describe=f"fetch {s['MULTI30K_URL']}{{train,val,test_2016_flickr}}.{{{src},{tgt}}}.gz "
+                                   f"into {data_dir}/ (files already there are kept)"))
+    if s["SLICE"]:
+        steps.append(Step(f"slice: the first {s['SLICE']} training pairs (for tests)",
+                          action=lambda: write_slice(data_dir, train_dir, (src, tgt), s["SLICE"]),
+                          describe=f"write {train_dir}/train.{{{src},{tgt}}}"))
+
+    # 2. preprocess: joint BPE, binarized data; a no-op when already done with these settings
+    steps.append(Step("preprocess: joint BPE and binarized data (a no-op if already done)", args=[
+        "preprocess", "--run-dir", run, "--source-lang", src, "--target-lang", tgt,
+        "--trainpref", train_dir / "train", "--validpref", data_dir / SPLITS["valid"],
+        "--testpref", data_dir / SPLITS["test"], "--vocab-size", s["VOCAB"],
+        *(["--workers", str(s["THREADS"])] if s["THREADS"] else []),
+    ]))
+
+    # 3. train: resumes from checkpoint_last.pt; does nothing when already finished
+    budget = [] if s["BUDGET"] in ("", "0") else ["--max-time", s["BUDGET"]]
+    steps.append(Step("train (resumes from checkpoint_last.pt; nothing to do when finished)", args=[
+        "train", "--run-dir", run, "--arch", s["ARCH"], "--max-tokens", s["MAX_TOKENS"],
+        "--update-freq", s["UPDATE_FREQ"], "--lr", flag_value(s["LR"]), "--warmup", s["WARMUP"],
+        "--dropout", flag_value(s["DROPOUT"]), "--label-smoothing", flag_value(s["LABEL_SMOOTHING"]),
+        "--amp", s["AMP"], *budget, *(["--max-update", str(s["MAX_UPDATE"])] if s["MAX_UPDATE"] else []),
+        "--save-interval-minutes", flag_value(s["SAVE_INTERVAL_MINUTES"]), "--log-interval", s["LOG_INTERVAL"],
+        *threads, *shlex.split(s["TRAIN_ARGS"]),
+    ]))
+
+    # 4. average the last K checkpoints (fewer if training wrote fewer)
+    def fit_average(step: Step) -> Optional[str]:
+        available = count_checkpoints(run, s["AVERAGE_KIND"])
+        if available == 0:
+            raise RecipeError(f"no checkpoints in {run / 'checkpoints'} to average; did training run?")
+        if available < s["AVERAGE_LAST"]:
+            step.args[step.args.index("--last") + 1] = str(available)
+            step.describe = f"only {available} checkpoint(s) of kind {s['AVERAGE_KIND']} exist: averaging those"
+        return None
+
+    steps.append(Step(f"average the last {s['AVERAGE_LAST']} checkpoints into checkpoint_avg.pt", prepare=fit_average, args=[
+        "average-checkpoints", "--run-dir", run, "--last", str(s["AVERAGE_LAST"]), "--kind", s["AVERAGE_KIND"],
+    ]))
+
+    # 5. translate the test set with the averaged model
+    steps.append(Step(f"translate test_2016_flickr with beam {s['BEAM']}, alpha {flag_value(s['LENPEN'])}", stdout=hyp, args=[
+        "translate", "--run-dir", run, "--checkpoint", "checkpoint_avg.pt",
+        "--input", data_dir / f"{SPLITS['test']}.{src}.gz", "--beam", s["BEAM"], "--lenpen", flag_value(s["LENPEN"]),
+        *threads,
+    ]))
+
+    # 6. score: sacreBLEU (13a, cased) and chrF, with their signatures
+    steps.append(Step("score with sacreBLEU", stdout=score_json, args=[
+        "score", "--ref", data_dir / f"{SPLITS['test']}.{tgt}.gz", "--hyp", hyp, "--lang", tgt, "--json",
+    ]))
+
+    # 7. learning curves, when matplotlib (the optional `plot` extra) is installed
+    def need_matplotlib(step: Step) -> Optional[str]:
+        (run / "learning_curves.png").unlink(missing_ok=True)  # never report a stale picture
+        if importlib.util.find_spec("matplotlib") is None:
+            return "matplotlib is not installed (pip install 'nmt[plot]' to get learning_curves.png)"
+        return None
+
+    steps.append(Step("plot the learning curves into learning_curves.png", prepare=need_matplotlib,
+                      args=["plot", "--run-dir", run]))
+
+    # 8. summary
+    steps.append(Step("summary", action=lambda: summarize(s, run, hyp, score_json),
+                      describe=f"print BLEU, chrF, training time, updates and tokens/s; write {run / 'summary.json'}"))
+    return steps
+
+
+def summarize(s: dict[str, Any], run: Path, hyp: Path, score_json: Path) -> None:
+    """Print the result in a few lines and write it as RUN_DIR/summary.json."""
+    import json
+
+    score = json.loads(score_json.read_text(encoding="utf-8"))
+    stats = training_stats(run / "logs" / "train.jsonl")
+    avg = run / "checkpoints" / "checkpoint_avg.pt"
+    averaged_from = _averaged_from(avg)
+    png = run / "learning_curves.png"
+    summary = {
+        "recipe": "multi30k",
+        "task": f"Multi30k task 1 {s['SRC']}->{s['TGT']}, test_2016_flickr (1000 sentences)",
+        "source_lang": s["SRC"],
+        "target_lang": s["TGT"],
+        "run_dir": str(run),
+        "bleu": round(score["bleu"], 2),
+        "bleu_signature": score["signature"],
+        "bleu_verbose": score["bleu_verbose"],
+        "chrf": round(score["chrf"], 2),
+        "chrf_signature": score["chrf_signature"],
+        "hypotheses": str(hyp),
+        "checkpoint": "checkpoint_avg.pt",
+        "averaged_from": averaged_from,
+        **stats,
+        "learning_curves": str(png) if png.is_file() else None,
+        "settings": {**{k: s[k] for k in TRAINING}, **{k: s[k] for k in DECODING}, "SLICE": s["SLICE"]},
+    }
+    write_json(run / "summary.json", summary)
+    tps = f"{stats['target_tokens_per_s']:,.0f} target tokens/s" if stats["target_tokens_per_s"] else "tokens/s not logged"
+    print(f"\n=== Multi30k {s['SRC']}->{s['TGT']} test_2016_flickr, arch {s['ARCH']}, "
+          f"average of {len(averaged_from)} checkpoint(s)")
+    print(f"BLEU  {summary['bleu']:6.2f}  {score['signature']}")
+    print(f"chrF  {summary['chrf']:6.2f}  {score['chrf_signature']}")
+    print(f"training: {format_duration(stats['train_time_s'])}, {stats['updates']} updates, "
+          f"epoch {stats['epochs']}, {tps}")
+    print(f"written: {run / 'summary.json'}, {hyp}" + (f", {png}" if png.is_file() else ""), flush=True)
+
+
+def _averaged_from(path: Path) -> list[str]:
+    from nmt.checkpoint import load_checkpoint
+
+    return list(load_checkpoint(path).get("averaged_from", []))
+
+
+def settings() -> dict[str, Any]:
+    s = settings_from_env({**TRAINING, **DECODING, **SETUP})
+    for key in ("SRC", "TGT"):
+        if s[key] not in LANGUAGES:
+            raise RecipeError(f"{key}={s[key]} is not a Multi30k task 1 language; choose one of {', '.join(LANGUAGES)}")
+    if s["SRC"] == s["TGT"]:
+        raise RecipeError(f"SRC and TGT are both {s['SRC']}; choose two different languages")
+    if s["BUDGET"] in ("", "0") and not s["MAX_UPDATE"]:
+        raise RecipeError("BUDGET=0 and no MAX_UPDATE would train forever; set one of them")
+    if s["AVERAGE_LAST"] < 1:
+        raise RecipeError(f"AVERAGE_LAST={s['AVERAGE_LAST']} must be at least 1")
+    s["RUN_DIR"] = s["RUN_DIR"] or f"runs/multi30k-{s['SRC']}-{s['TGT']}"
+    return s
+
+
+def main() -> None:
+    s = settings()
+    run = Path(s["RUN_DIR"])
+    print(f"Multi30k task 1 {s['SRC']}->{s['TGT']} in {run}: arch {s['ARCH']}, budget {s['BUDGET']}"
+          + (f" or {s['MAX_UPDATE']} updates" if s["MAX_UPDATE"] else "")
+          + (f", first {s['SLICE']} training pairs only" if s["SLICE"] else "")
+          + (" (dry run: nothing is executed)" if s["DRY_RUN"] else ""), flush=True)
+    run_steps(build_steps(s), s["DRY_RUN"])
+
+
+if __name__ == "__main__":
+    main_guard(PROG, main)

@@ -1,0 +1,365 @@
+"""The recipes end to end: Multi30k on a slice of the real data, WMT14 on a tiny fake corpus.
+
+System tests in the sockeye sense: they run `recipes/*.py` as a user would (a subprocess,
+settings in the environment) and check what lands in the run directory. Never a real host:
+downloads are pointed at 127.0.0.1:9, where nothing listens.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = REPO / "recipes"
+UNREACHABLE = "http://127.0.0.1:9/"
+HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+
+def run_recipe(name: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run recipes/NAME.py with `env` added to a clean environment (no inherited recipe settings)."""
+    base = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH")}
+    return subprocess.run([sys.executable, str(RECIPES / f"{name}.py")], env={**base, **env}, cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def stderr_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.strip()]
+
+
+def load_recipe_module(name: str):
+    """Import recipes/NAME.py (its `common` sibling resolves through sys.path)."""
+    if str(RECIPES) not in sys.path:
+        sys.path.insert(0, str(RECIPES))
+    module_name = f"recipe_{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, RECIPES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---------------------------------------------------------------------------------------
+# Multi30k
+# ---------------------------------------------------------------------------------------
+
+MULTI30K_TINY = {
+    "ARCH": "tiny", "SLICE": "3000", "VOCAB": "1000", "MAX_TOKENS": "1024", "MAX_UPDATE": "240",
+    "WARMUP": "100", "LOG_INTERVAL": "40", "SAVE_INTERVAL_MINUTES": "0", "AVERAGE_LAST": "3", "THREADS": "1",
+}
+
+
+@pytest.mark.slow
+def test_multi30k_recipe_runs_the_whole_chain_and_a_second_run_does_not_retrain(multi30k_dir: Path, tmp_path: Path):
+    run = tmp_path / "run"
+    env = {**MULTI30K_TINY, "MULTI30K_DIR": str(multi30k_dir), "RUN_DIR": str(run), "MULTI30K_URL": UNREACHABLE}
+    start = time.monotonic()
+    first = run_recipe("multi30k", env, timeout=300)
+    first_s = time.monotonic() - start
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert first_s < 180, f"the tiny recipe took {first_s:.0f}s"
+
+    # every step is shown as the exact command before it runs
+    for command in ("$ nmt preprocess ", "$ nmt train ", "$ nmt average-checkpoints ", "$ nmt translate ",
+                    "$ nmt score ", "--beam 4 --lenpen 0.6", "--max-time 30m --max-update 240"):
+        assert command in first.stdout, command
+    # every file of the chain
+    for rel in ("config/preprocess.json", "config/train.json", "vocab/joint.model", "data/train.en.bin",
+                "data/train.de.idx", "data/valid.de.bin", "data/test.en.bin", "checkpoints/checkpoint_last.pt",
+                "checkpoints/checkpoint_avg.pt", "logs/train.jsonl", "test.score.json", "summary.json"):
+        assert (run / rel).is_file(), rel
+    assert len(list((run / "checkpoints").glob("checkpoint[0-9]*.pt"))) >= 3  # epoch checkpoints to average
+    hyp = run / "test.hyp.de"
+    assert len(hyp.read_text(encoding="utf-8").splitlines()) == 1000
+    assert (run / "learning_curves.png").is_file() == HAVE_MATPLOTLIB
+
+    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    assert isinstance(summary["bleu"], float) and 0.0 <= summary["bleu"] <= 100.0
+    assert summary["bleu_signature"].startswith("nrefs:1|case:mixed|") and "tok:13a" in summary["bleu_signature"]
+    assert isinstance(summary["chrf"], float)
+    assert summary["updates"] == 240
+    assert summary["train_time_s"] > 0 and summary["target_tokens_per_s"] > 0
+    assert len(summary["averaged_from"]) == 3
+    assert f"BLEU  {summary['bleu']:6.2f}  {summary['bleu_signature']}" in first.stdout
+
+    # second run: preprocessing and training are no-ops; the later steps are redone quickly
+    checkpoint = run / "checkpoints" / "checkpoint_last.pt"
+    stamp = checkpoint.stat().st_mtime_ns
+    log_lines = (run / "logs" / "train.jsonl").read_text(encoding="utf-8").count("\n")
+    start = time.monotonic()
+    second = run_recipe("multi30k", env, timeout=120)
+    second_s = time.monotonic() - start
+    assert second.returncode == 0, second.stderr[-3000:]
+    said = " ".join(second.stderr.split())  # rich wraps long lines
+    assert "already preprocessed with the same settings" in said
+    assert "training already finished" in said
+    assert checkpoint.stat().st_mtime_ns == stamp
+    assert (run / "logs" / "train.jsonl").read_text(encoding="utf-8").count("\n") == log_lines
+    assert second_s < first_s
+    assert json.loads((run / "summary.json").read_text(encoding="utf-8"))["bleu"] == summary["bleu"]
+
+
+def test_multi30k_recipe_without_network_or_multi30k_dir_stops_at_once_naming_the_variable(tmp_path: Path):
+    start = time.monotonic()
+    proc = run_recipe("multi30k", {"RUN_DIR": str(tmp_path / "run"), "MULTI30K_URL": UNREACHABLE}, timeout=60)
+    assert proc.returncode == 1
+    lines = stderr_lines(proc)
+    assert len(lines) == 1, proc.stderr
+    assert "download failed" in lines[0] and "MULTI30K_DIR" in lines[0]
+    assert "Traceback" not in proc.stderr
+    assert time.monotonic() - start < 20
+    assert not (tmp_path / "run" / "config").exists()  # nothing was preprocessed
+
+
+def test_multi30k_download_fetches_the_six_files_once_from_the_base_url(multi30k_dir: Path, tmp_path: Path):
+    """The download path, against a local HTTP server standing in for the multi30k/dataset repository."""
+    import functools
+    import http.server
+    import threading
+
+    requests: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            requests.append(self.path)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(multi30k_dir)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        mod = load_recipe_module("multi30k")
+        s = {**mod.SETUP, "SRC": "en", "TGT": "fr", "MULTI30K_URL": f"http://127.0.0.1:{server.server_port}/"}
+        raw = tmp_path / "raw"
+        mod.fetch_data(s, raw)
+        names = sorted(p.name for p in raw.iterdir())
+        assert names == sorted(f"{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr") for lang in ("en", "fr"))
+        assert (raw / "val.fr.gz").read_bytes() == (multi30k_dir / "val.fr.gz").read_bytes()
+        assert len(requests) == 6
+        mod.fetch_data(s, raw)  # a second run downloads nothing
+        assert len(requests) == 6
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_multi30k_recipe_refuses_a_language_outside_multi30k(tmp_path: Path):
+    proc = run_recipe("multi30k", {"RUN_DIR": str(tmp_path / "run"), "TGT": "es", "MULTI30K_URL": UNREACHABLE})
+    assert proc.returncode == 1
+    lines = stderr_lines(proc)
+    assert len(lines) == 1 and "TGT=es" in lines[0] and "en, de, fr, cs" in lines[0]
+
+
+# ---------------------------------------------------------------------------------------
+# WMT14: a fake corpus in the layout of the extracted statmt.org tarballs
+# ---------------------------------------------------------------------------------------
+
+EN_WORDS = "the a man woman dog cat house car red blue big small runs sees eats walks in on with and".split()
+DE_WORDS = "der ein mann frau hund katze haus auto rot blau gross klein rennt sieht isst geht in auf mit und".split()
+LEXICON = dict(zip(EN_WORDS, DE_WORDS))
+
+
+def fake_pairs(n: int, seed: int) -> list[tuple[str, str]]:
+    """Word-for-word 'translations': learnable in a few updates, shaped like parallel text."""
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(n):
+        words = [rng.choice(EN_WORDS) for _ in range(rng.randint(3, 10))]
+        en = " ".join(words).capitalize() + "."
+        de = " ".join(LEXICON[w] for w in words).capitalize() + "."
+        pairs.append((en, de))
+    return pairs
+
+
+def write_parallel(folder: Path, stem: str, pairs: list[tuple[str, str]]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, lang in enumerate(("en", "de")):
+        (folder / f"{stem}.{lang}").write_text("".join(p[i] + "\n" for p in pairs), encoding="utf-8")
+
+
+def write_sgm(path: Path, lines: list[str], set_tag: str) -> None:
+    """A WMT SGML file: <srcset>/<refset>, <doc>, one <seg id=N> per line."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = [f'<{set_tag} setid="newstest2014" srclang="any">', '<doc sysid="ref" docid="1" genre="news" origlang="en">']
+    body += [f'<seg id="{i}"> {line}  </seg>' for i, line in enumerate(lines, 1)]
+    body += ["</doc>", f"</{set_tag}>"]
+    path.write_text("\n".join(body) + "\n", encoding="utf-8")
+
+
+def make_fake_wmt14(root: Path, n_test: int = 30) -> Path:
+    """Europarl, Common Crawl, News Commentary, newstest2013 and newstest2014 as the tarballs extract."""
+    write_parallel(root / "training", "europarl-v7.de-en", fake_pairs(150, 1))
+    write_parallel(root, "commoncrawl.de-en", fake_pairs(100, 2))  # the commoncrawl tarball has no folder
+    write_parallel(root / "training", "news-commentary-v9.de-en", fake_pairs(100, 3))
+    write_parallel(root / "dev", "newstest2013", fake_pairs(40, 4))
+    test = fake_pairs(n_test, 5)
+    write_sgm(root / "test-full" / "newstest2014-deen-src.en.sgm", [p[0] for p in test], "srcset")
+    write_sgm(root / "test-full" / "newstest2014-deen-ref.de.sgm", [p[1] for p in test], "refset")
+    # the filtered version uses the same names in test/: the recipe must take test-full's
+    decoy = fake_pairs(7, 6)
+    write_sgm(root / "test" / "newstest2014-deen-src.en.sgm", [p[0] for p in decoy], "srcset")
+    write_sgm(root / "test" / "newstest2014-deen-ref.de.sgm", [p[1] for p in decoy], "refset")
+    return root
+
+
+WMT_TINY = {
+    "ARCH": "tiny", "ALLOW_CPU": "1", "VOCAB": "120", "MAX_TOKENS": "512", "TOKENS_PER_UPDATE": "1024",
+    "MAX_UPDATE": "6", "WARMUP": "4", "LOG_INTERVAL": "2", "THREADS": "1", "WMT14_URL": UNREACHABLE,
+}
+
+
+@pytest.mark.slow
+def test_wmt14_recipe_runs_offline_on_a_fake_wmt14_directory(tmp_path: Path):
+    data = make_fake_wmt14(tmp_path / "wmt14")
+    run = tmp_path / "run"
+    start = time.monotonic()
+    proc = run_recipe("wmt14_ende", {**WMT_TINY, "WMT14_DIR": str(data), "RUN_DIR": str(run)}, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert time.monotonic() - start < 120
+
+    # the whole training text, cleaned by preprocess, and test-full's newstest2014 (not the decoy)
+    train_en = (run / "text" / "train.en").read_text(encoding="utf-8").splitlines()
+    assert len(train_en) == 350
+    assert "--update-freq 2" in proc.stdout  # round(1024 / (512 x 1 process))
+    assert "--max-len 250 --max-ratio 1.5" in proc.stdout
+    hyp = run / "newstest2014.hyp.de"
+    assert len(hyp.read_text(encoding="utf-8").splitlines()) == 30
+    assert (run / "text" / "newstest2014.en").read_text(encoding="utf-8").splitlines()[0] == fake_pairs(30, 5)[0][0]
+
+    # both scores, printed and recorded
+    assert "sacreBLEU " in proc.stdout and "nrefs:1|case:mixed" in proc.stdout
+    assert "compound-split BLEU " in proc.stdout
+    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    assert isinstance(summary["bleu"], float) and isinstance(summary["compound_split_bleu"], float)
+    assert summary["compound_split_bleu_verbose"].startswith("BLEU = ")
+    assert summary["updates"] == 6
+    assert (run / "checkpoints" / "checkpoint_avg.pt").is_file()
+
+
+def test_wmt14_dry_run_prints_the_whole_plan_with_the_update_freq_computation(tmp_path: Path):
+    env = {"DRY_RUN": "1", "NUM_GPUS": "2", "RUN_DIR": str(tmp_path / "run"), "WMT14_URL": UNREACHABLE}
+    if shutil.which("make"):
+        # -o: take the venv as installed, so the check runs offline
+        proc = subprocess.run(["make", "--no-print-directory", "-o", ".venv/.installed", "recipe-wmt14-ende"],
+                              cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+    else:
+        proc = run_recipe("wmt14_ende", env)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "round(25000 / (4096 x 2)) = 3" in out
+    assert "4096 x 2 x 3 = 24576 tokens per side per update" in out
+    for needle in ("training-parallel-europarl-v7.tgz", "training-parallel-commoncrawl.tgz",
+                   "training-parallel-nc-v9.tgz", "dev.tgz", "test-full.tgz", "3003 lines", "2737",
+                   "$ nmt preprocess ", "--vocab-size 37000", "--max-len 250 --max-ratio 1.5",
+                   "$ nmt train ", "--arch big", "--update-freq 3", "--save-interval-minutes 10",
+                   "--distributed-world-size 2", "--max-update 300000",
+                   "$ nmt average-checkpoints ", "--last 20 --kind updates",
+                   "$ nmt translate ", "--beam 4 --lenpen 0.6", "$ nmt score ", "--compound-split"):
+        assert needle in out, needle
+    assert not (tmp_path / "run").exists()  # nothing ran
+
+
+def test_wmt14_dry_run_for_base_averages_the_last_5():
+    env = {"DRY_RUN": "1", "ARCH": "base", "NUM_GPUS": "8", "WMT14_URL": UNREACHABLE}
+    proc = run_recipe("wmt14_ende", env)
+    assert proc.returncode == 0, proc.stderr
+    assert "--arch base" in proc.stdout and "--last 5 --kind updates" in proc.stdout
+    assert "--max-update 100000" in proc.stdout and "--update-freq 1" in proc.stdout
+
+
+def test_wmt14_recipe_refuses_to_train_without_a_gpu_unless_allowed(tmp_path: Path):
+    mod = load_recipe_module("wmt14_ende")
+    if mod.visible_gpus() > 0:
+        pytest.skip("this machine has a GPU")
+    proc = run_recipe("wmt14_ende", {"RUN_DIR": str(tmp_path / "run"), "WMT14_URL": UNREACHABLE})
+    assert proc.returncode == 1
+    lines = stderr_lines(proc)
+    assert len(lines) == 1 and "no GPU" in lines[0] and "ALLOW_CPU=1" in lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_wmt14_recipe_without_network_names_wmt14_dir(tmp_path: Path):
+    proc = run_recipe("wmt14_ende", {"RUN_DIR": str(tmp_path / "run"), "ALLOW_CPU": "1", "WMT14_URL": UNREACHABLE},
+                      timeout=60)
+    assert proc.returncode == 1
+    lines = stderr_lines(proc)
+    assert len(lines) == 1 and "download failed" in lines[0] and "WMT14_DIR" in lines[0]
+
+
+def test_wmt14_fetch_extracts_the_en_de_files_from_tarballs_in_wmt14_dir(tmp_path: Path):
+    """WMT14_DIR may hold the downloaded tarballs themselves: only the en-de files are extracted."""
+    mod = load_recipe_module("wmt14_ende")
+    extracted = make_fake_wmt14(tmp_path / "layout", n_test=5)
+    (extracted / "training" / "europarl-v7.fr-en.en").write_text("not needed\n", encoding="utf-8")
+    tarballs = tmp_path / "tarballs"
+    tarballs.mkdir()
+    members = {
+        "training-parallel-europarl-v7.tgz": ["training/europarl-v7.de-en.en", "training/europarl-v7.de-en.de",
+                                              "training/europarl-v7.fr-en.en"],
+        "training-parallel-commoncrawl.tgz": ["commoncrawl.de-en.en", "commoncrawl.de-en.de"],
+        "training-parallel-nc-v9.tgz": ["training/news-commentary-v9.de-en.en", "training/news-commentary-v9.de-en.de"],
+        "dev.tgz": ["dev/newstest2013.en", "dev/newstest2013.de"],
+        "test-full.tgz": ["test-full/newstest2014-deen-src.en.sgm", "test-full/newstest2014-deen-ref.de.sgm"],
+    }
+    for name, files in members.items():
+        with tarfile.open(tarballs / name, "w:gz") as tar:
+            for rel in files:
+                tar.add(extracted / rel, arcname=rel)
+    s = {**mod.SETUP, **mod.TRAINING, "RUN_DIR": str(tmp_path / "run"), "WMT14_DIR": str(tarballs),
+         "WMT14_URL": UNREACHABLE, "ENCODING_ERRORS": "strict"}
+    mod.fetch(s)
+    raw = tmp_path / "run" / "raw"
+    assert (raw / "training" / "europarl-v7.de-en.de").read_bytes() == (extracted / "training" / "europarl-v7.de-en.de").read_bytes()
+    assert (raw / "commoncrawl.de-en.en").is_file()
+    assert not (raw / "training" / "europarl-v7.fr-en.en").exists()
+    mod.gather(s, tmp_path / "run" / "text")
+    assert (tmp_path / "run" / "text" / "newstest2014.de").read_text(encoding="utf-8").splitlines() == \
+        [p[1] for p in fake_pairs(5, 5)]
+
+
+def test_wmt14_reads_plain_gzipped_test_sets_as_in_shared_data(tmp_path: Path):
+    """newstest2013/2014.{en,de}.gz (the layout of ../shared/data/wmt14) are found and read."""
+    mod = load_recipe_module("wmt14_ende")
+    data = make_fake_wmt14(tmp_path / "wmt14", n_test=4)
+    shutil.rmtree(data / "test-full")
+    shutil.rmtree(data / "test")
+    pairs = fake_pairs(12, 7)
+    for i, lang in enumerate(("en", "de")):
+        with gzip.open(data / f"newstest2014.{lang}.gz", "wt", encoding="utf-8") as f:
+            f.write("".join(p[i] + "\n" for p in pairs))
+    assert mod.locate(mod.TEST, [data]) == (data / "newstest2014.en.gz", data / "newstest2014.de.gz")
+    s = {**mod.SETUP, **mod.TRAINING, "RUN_DIR": str(tmp_path / "run"), "WMT14_DIR": str(data)}
+    mod.gather(s, tmp_path / "run" / "text")
+    assert (tmp_path / "run" / "text" / "newstest2014.en").read_text(encoding="utf-8").splitlines() == [p[0] for p in pairs]
+
+
+def test_update_freq_matches_the_papers_batch_on_any_number_of_gpus():
+    mod = load_recipe_module("wmt14_ende")
+    assert mod.update_freq(25000, 4096, 1) == 6   # 24576 tokens per side
+    assert mod.update_freq(25000, 4096, 8) == 1   # 32768: the nearest an 8-GPU update gets
+    assert mod.update_freq(25000, 3125, 8) == 1   # exactly the paper's 25000
+    assert mod.update_freq(25000, 2048, 4) == 3   # 24576
+    assert mod.update_freq(25000, 4096, 0) == 6   # CPU: one process
+
+
+def test_recipe_settings_come_from_the_environment_with_the_defaults_type():
+    if str(RECIPES) not in sys.path:
+        sys.path.insert(0, str(RECIPES))
+    from common import RecipeError, settings_from_env
+
+    defaults = {"ARCH": "small", "LR": 1e-3, "WARMUP": 1000, "DRY_RUN": False, "RUN_DIR": None}
+    s = settings_from_env(defaults, {"LR": "5e-4", "WARMUP": "400", "DRY_RUN": "1", "RUN_DIR": "runs/x", "ARCH": ""})
+    assert s == {"ARCH": "small", "LR": 5e-4, "WARMUP": 400, "DRY_RUN": True, "RUN_DIR": "runs/x"}
+    with pytest.raises(RecipeError, match="WARMUP='many' is not an integer"):
+        settings_from_env(defaults, {"WARMUP": "many"})
