@@ -58,7 +58,7 @@ def load_recipe_module(name: str):
 
 MULTI30K_TINY = {
     "ARCH": "tiny", "SLICE": "3000", "VOCAB": "1000", "MAX_TOKENS": "1024", "MAX_UPDATE": "240",
-    "WARMUP": "100", "LOG_INTERVAL": "40", "SAVE_INTERVAL_MINUTES": "0", "AVERAGE_LAST": "3", "THREADS": "1",
+    "WARMUP": "100", "LOG_INTERVAL": "40", "SAVE_INTERVAL_MINUTES": "0", "AVERAGE_LAST": "3", "AVERAGE_KIND": "all", "THREADS": "1",
 }
 
 
