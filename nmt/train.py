@@ -53,7 +53,6 @@ class TrainState:
     best_loss: Optional[float] = None
     best_bleu: Optional[float] = None
     consecutive_skips: int = 0
-    finished: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -433,8 +432,6 @@ class Trainer:
                         self.logger.valid(s, metrics)
                 if save_now or metrics is not None or stopped:
                     last_interval_save = time.monotonic()
-                    if stopped:
-                        s.finished = True
                     self.save([f"checkpoint_{s.epoch}_{s.update}.pt", "checkpoint_last.pt"], metrics)
                 if stopped:
                     break
@@ -448,7 +445,6 @@ class Trainer:
             finished_epoch = s.epoch
             s.epoch, s.updates_in_epoch = s.epoch + 1, 0
             stopped = self.limits_reached()
-            s.finished = stopped is not None
             names = ["checkpoint_last.pt"] if cfg.no_epoch_checkpoints else [f"checkpoint{finished_epoch}.pt", "checkpoint_last.pt"]
             self.save(names, metrics)
             last_interval_save = time.monotonic()

@@ -13,7 +13,6 @@ line on stderr, `RECIPE: error: ...`, and exit status 1.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import subprocess
@@ -185,21 +184,6 @@ def download(url: str, dest: Path, timeout: float, hint: str) -> None:
 # ---------------------------------------------------------------------------------------
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a .jsonl file; a line cut short by a crash is skipped."""
-    records = []
-    if not path.is_file():
-        return records
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
-
-
 def training_stats(train_jsonl: Path) -> dict[str, Any]:
     """Updates, epochs, training time and target tokens/s of a run, from logs/train.jsonl.
 
@@ -209,7 +193,9 @@ def training_stats(train_jsonl: Path) -> dict[str, Any]:
     (train records carry `wpb` and `ups`), i.e. training proper, without validation.
     """
     latest: dict[tuple[str, int], dict[str, Any]] = {}
-    for r in read_jsonl(train_jsonl):
+    from nmt.plot import read_train_log  # one reader of logs/train.jsonl, tolerant of a cut line
+
+    for r in (read_train_log(train_jsonl) if train_jsonl.is_file() else []):
         if r.get("kind") in ("train", "valid") and isinstance(r.get("update"), int):
             latest[(r["kind"], r["update"])] = r
     records = sorted(latest.values(), key=lambda r: r["update"])
