@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from nmt.errors import NmtError
+from nmt.errors import Interrupted, NmtError
 
 app = typer.Typer(
     name="nmt",
@@ -40,9 +40,12 @@ def main() -> None:
     """Console script: run the app; a user error is one line on stderr and exit status 1."""
     try:
         app()
+    except Interrupted as e:
+        print(f"nmt: interrupted: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
     except NmtError as e:
         print(f"nmt: error: {e}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(e.exit_code)
     except KeyboardInterrupt:
         print("nmt: interrupted", file=sys.stderr)
         sys.exit(130)

@@ -84,7 +84,12 @@ def list_checkpoints(checkpoint_dir: str | os.PathLike, kind: str = "all") -> li
         found.sort(key=lambda c: (c.name_epoch, c.update if c.update is not None else math.inf, c.path.name))
     unique: list[CheckpointInfo] = []
     seen_updates: set[int] = set()
+    seen_files: set[tuple[int, int]] = set()
     for c in found:
+        st = c.path.stat()
+        if (st.st_dev, st.st_ino) in seen_files:  # one file under two names (hard links)
+            continue
+        seen_files.add((st.st_dev, st.st_ino))
         if c.update is not None:
             if c.update in seen_updates:
                 continue
@@ -95,6 +100,11 @@ def list_checkpoints(checkpoint_dir: str | os.PathLike, kind: str = "all") -> li
 
 def last_checkpoints(checkpoint_dir: str | os.PathLike, n: int, kind: str = "all") -> list[Path]:
     """The last `n` checkpoints by update order; fewer available is a user error."""
+    return [c.path for c in last_checkpoint_infos(checkpoint_dir, n, kind)]
+
+
+def last_checkpoint_infos(checkpoint_dir: str | os.PathLike, n: int, kind: str = "all") -> list[CheckpointInfo]:
+    """The `n` most recent checkpoints by update, whatever their kind unless `kind` says."""
     if n < 1:
         raise NmtError(f"--last must be at least 1, got {n}")
     candidates = list_checkpoints(checkpoint_dir, kind)
@@ -104,7 +114,25 @@ def last_checkpoints(checkpoint_dir: str | os.PathLike, n: int, kind: str = "all
             f"--last {n} asks for {n} checkpoints but {checkpoint_dir} has only {len(candidates)} "
             f"{which} checkpoint(s); pass a smaller --last or train longer"
         )
-    return [c.path for c in candidates[-n:]]
+    return candidates[-n:]
+
+
+def span_warning(picked: Sequence[CheckpointInfo], max_share: float) -> Optional[str]:
+    """A warning when the averaged checkpoints span more than `max_share` of training.
+
+    The paper averages a window of recent training (the last 5 or 20 ten-minute checkpoints of
+    a 12-hour or 3.5-day run: under 10% of it). A window that reaches far back mixes an early
+    model with the final one, which costs BLEU without any other sign.
+    """
+    updates = [c.update for c in picked if c.update is not None]
+    if len(updates) < 2 or max(updates) <= 0:
+        return None
+    share = (max(updates) - min(updates)) / max(updates)
+    if share <= max_share:
+        return None
+    return (f"warning: the {len(picked)} checkpoints averaged span updates {min(updates)}-{max(updates)}, "
+            f"{share:.0%} of training (more than {max_share:.0%}): an early model is mixed with the final one; "
+            f"save checkpoints more often (--save-interval-minutes/--save-interval-updates) or average fewer")
 
 
 def _architecture(config: dict[str, Any]) -> dict[str, Any]:
@@ -180,6 +208,7 @@ def average_checkpoints(paths: Sequence[str | os.PathLike], output: str | os.Pat
         "model": averaged,
         "config": config,
         "averaged_from": averaged_from,
+        "averaged_updates": [_stored_update(p) for p in paths],
     }
     save_checkpoint(output, checkpoint)
     return checkpoint

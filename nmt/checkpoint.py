@@ -34,7 +34,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch raises many types for truncated/corrupt zip files
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        reason = str(e).splitlines()[0].split(". ")[0] if str(e) else type(e).__name__
         raise NmtError(f"checkpoint {path} is damaged or not an nmt checkpoint ({reason})") from None
     if not isinstance(checkpoint, dict) or "model" not in checkpoint or "config" not in checkpoint:
         raise NmtError(f"checkpoint {path} is not an nmt checkpoint (no 'model'/'config' entries)")

@@ -15,6 +15,25 @@ from pathlib import Path
 from typing import Any, Optional
 
 LN2 = math.log(2.0)
+LOG_FILES = ("train.jsonl", "train.log")
+
+
+def log_offsets(log_dir: Path) -> dict[str, int]:
+    """The current length of each log file, saved in checkpoints so a resume can cut back to it."""
+    return {name: (log_dir / name).stat().st_size if (log_dir / name).is_file() else 0 for name in LOG_FILES}
+
+
+def truncate_logs(log_dir: Path, offsets: dict[str, int]) -> None:
+    """Cut each log back to its length at the checkpoint training resumes from.
+
+    Updates done after that checkpoint by a process that then died are done again; without
+    this, train.jsonl would hold their records twice.
+    """
+    for name, size in offsets.items():
+        path = log_dir / name
+        if path.is_file() and path.stat().st_size > size:
+            with open(path, "r+b") as f:
+                f.truncate(size)
 
 
 class TrainLogger:
