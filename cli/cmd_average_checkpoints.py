@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
         output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write the average (default: RUN/checkpoints/checkpoint_avg.pt).", show_default=False)] = None,
     ) -> None:
         """Average the parameters of several checkpoints into checkpoint_avg.pt."""
-        from nmt.average import average_checkpoints as average, last_checkpoints
+        from nmt.average import average_into, last_checkpoints
         from nmt.errors import NmtError
         from nmt.rundir import RunDir, resolve_run_dir
 
@@ -37,6 +37,7 @@ def register(app: typer.Typer) -> None:
             raise NmtError("say which checkpoints to average: --last N (from the run directory) or --inputs A.pt B.pt ..., not both")
         paths = list(inputs) if inputs else last_checkpoints(rd.checkpoint_dir, last, kind)
         output = output or rd.checkpoint_dir / "checkpoint_avg.pt"
-        averaged = average(paths, output)
+        averaged = average_into(rd, paths, output,
+                                warn=lambda message: print(f"nmt average-checkpoints: warning: {message}", file=sys.stderr))
         # Reported after the fact, so that a refusal stays the only line on stderr.
         print(f"averaged {len(paths)} checkpoints ({', '.join(averaged['averaged_from'])}) into {output}", file=sys.stderr)

@@ -19,7 +19,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path`; on success rename it over `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        e.filename = str(path)  # not the random temp name
+        raise
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -27,6 +31,12 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         with open(tmp_path, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp_path, path)
+    except OSError as e:
+        # A write into the temp file (a full disk) names no file, or the hidden temp name:
+        # name the file the user asked for.
+        if e.filename is None or e.filename == str(tmp_path):
+            e.filename = str(path)
+        raise
     finally:
         if tmp_path.exists():
             tmp_path.unlink()

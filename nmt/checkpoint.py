@@ -22,8 +22,10 @@ CHECKPOINT_VERSION = 1
 
 def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None:
     """Write `checkpoint` to `path` atomically: a crash never leaves a damaged file there."""
-    with atomic_path(path) as tmp:
-        torch.save(checkpoint, tmp)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        # Through a Python file, a full disk is an OSError (ENOSPC) rather than torch's
+        # "unexpected pos" RuntimeError, so the CLI can say what happened in one line.
+        torch.save(checkpoint, f)
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
