@@ -13,6 +13,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from nmt.errors import NmtError
+
+
+def check_file_target(path: Path, flag: str, default_name: str) -> None:
+    """Refuse an output path that names a folder, before any work is done."""
+    if path.is_dir():
+        raise NmtError(f"{flag} {path} is a folder; give a file name, e.g. {path / default_name}")
+
 
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
@@ -35,7 +43,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         # A write into the temp file (a full disk) names no file, or the hidden temp name:
         # name the file the user asked for.
         if e.filename is None or e.filename == str(tmp_path):
-            e.filename = str(path)
+            e.filename, e.filename2 = str(path), None
         raise
     finally:
         if tmp_path.exists():

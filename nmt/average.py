@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from nmt.atomic import check_file_target
 from nmt.checkpoint import CHECKPOINT_VERSION, load_checkpoint, save_checkpoint
 from nmt.errors import NmtError
 from nmt.identity import IDENTITY_KEY, check_identity, checkpoint_identity, identity_difference, run_identity
@@ -138,8 +139,7 @@ def _check_same_model(first: Path, config: dict[str, Any], shapes: dict[str, tup
 def check_output(output: Path) -> None:
     """Refuse an output that is a folder, or a file that training owns in a checkpoints folder
     (the next `nmt train` would resume from the average, or overwrite it)."""
-    if output.is_dir():
-        raise NmtError(f"-o {output} is a folder; give a file name, e.g. {output / 'checkpoint_avg.pt'}")
+    check_file_target(output, "-o", "checkpoint_avg.pt")
     owned = output.name in TRAINING_NAMES or EPOCH_NAME.match(output.name) or UPDATE_NAME.match(output.name)
     if owned and output.absolute().parent.name == "checkpoints":
         raise NmtError(f"-o {output} is a file that `nmt train` writes and resumes from; "

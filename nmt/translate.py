@@ -129,6 +129,9 @@ class Translator:
         """Input lines cut to the model's positions so far."""
         self.target_tokens = 0
         """Target tokens (eos included) of the best hypotheses so far."""
+        self.no_hypothesis = 0
+        """Lines whose search found no hypothesis of finite score (a damaged model or an
+        overflow), translated as an empty line so far."""
 
     def translate(self, lines: Sequence[str]) -> list[Translation]:
         """Translate one buffer of raw lines; one Translation per line, in order."""
@@ -149,6 +152,7 @@ class Translator:
             src = self._source_tensor([ids[i] for i in batch])
             for i, found in zip(batch, beam_search(self.models, src, self.search)):
                 hyps[i] = found
+                self.no_hypothesis += not found
 
         flat = [h.tokens for found in hyps for h in found]
         decoded = self.tgt_tokenizer.decode(flat) if flat else []
