@@ -15,7 +15,13 @@ In the order the data flows:
    chunk size times the number of chunks in flight, whatever the corpus size.
 4. Move `vocab/`, `data/` and `config/preprocess.json` into the run directory only when
    everything succeeded; on any error the staging folder is removed and the run directory is
-   left exactly as it was (and is not created if it did not exist).
+   left exactly as it was (and is not created if it did not exist). A staging folder left by
+   a killed run is removed by the next run (and named). The whole command holds the run
+   directory's lock (`nmt.runlock`): one writer at a time.
+
+The modules, in that order: `preprocess_config` (settings), `chunk_pool` (worker processes),
+`vocab_sample` and `vocab_learning` (step 2), `bpe_cache` (step 3's encoder),
+`preprocess_staging` (step 4).
 
 Cleaning (train only) follows Moses' clean-corpus-n (`nmt.cleaning`). Valid and test sets are
 never filtered: their empty lines stay as empty sentences, and the summary counts the pairs
@@ -25,8 +31,8 @@ Normalization, i.e. what decoding the stored ids gives back for an input line:
   - SentencePiece (bpe, unigram): NFKC ("nmt_nfkc"), runs of whitespace collapsed to one
     space, leading and trailing whitespace removed.
   - WordPiece: NFKC, leading and trailing whitespace removed.
-  - Characters the vocabulary does not cover become <unk> (decoded as " ⁇ " by SentencePiece,
-    "<unk>" by WordPiece, which maps a whole word with an unknown character to <unk>); with
+  - Characters the vocabulary does not cover become <unk>, decoded as " ⁇ " by both kinds
+    (WordPiece maps a whole word with an unknown character to one <unk>); with
     `character_coverage` 1.0 only characters unseen in the sampled training data do.
   - With `--moses`, the stored ids decode to the Moses-normalized, tokenized text;
     `nmt.moses.moses_postprocess` detokenizes it.

@@ -16,7 +16,7 @@ RECORD = "preprocess"
 ENCODING_ERRORS = ("strict", "replace")
 NORMALIZATION = (
     "SentencePiece (bpe, unigram): NFKC, whitespace runs collapsed, ends stripped; "
-    "WordPiece: NFKC, ends stripped; uncovered characters become <unk>; "
+    "WordPiece: NFKC, ends stripped; uncovered characters become <unk>, decoded as ' \u2047 ' by both; "
     "with moses: the ids decode to Moses-normalized, tokenized text (nmt.moses.moses_postprocess undoes it)"
 )
 

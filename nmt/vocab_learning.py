@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from itertools import chain, compress
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -15,7 +15,8 @@ from nmt.cleaning import DROP_REASONS, count_reasons, drop_codes, reasons_text
 from nmt.errors import NmtError
 from nmt.preprocess_config import PreprocessConfig
 from nmt.textio import read_lines
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID, tokenizer_filename, train_tokenizer
+from nmt.tokenizer import (BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID, text_characters, tokenizer_filename,
+                           train_tokenizer)
 from nmt.vocab_sample import UniformSample
 
 
@@ -59,10 +60,17 @@ def learn_vocabularies(cfg: PreprocessConfig, train: dict[str, Path], n_train: i
                        f"check the data or loosen --min-len/--max-len/--max-ratio")
 
     threads = runner.workers
+    def characters(*langs: str) -> Optional[set[str]]:
+        """WordPiece's alphabet, read from the scratch files rather than held in memory."""
+        if cfg.vocab_type != "wordpiece":
+            return None
+        return text_characters(chain.from_iterable(read_lines(sample_files[lang]) for lang in langs))
+
     if cfg.joined:
         rel = Path("vocab") / tokenizer_filename(cfg.vocab_type, "joint")
         lines = chain(read_lines(sample_files[src_lang]), read_lines(sample_files[tgt_lang]))
-        train_tokenizer(cfg.vocab_type, lines, cfg.vocab_size, stage / rel, cfg.character_coverage, threads)
+        train_tokenizer(cfg.vocab_type, lines, cfg.vocab_size, stage / rel, cfg.character_coverage, threads,
+                        characters(src_lang, tgt_lang))
         files = {src_lang: rel, tgt_lang: rel}
     else:
         files = {}
@@ -70,7 +78,7 @@ def learn_vocabularies(cfg: PreprocessConfig, train: dict[str, Path], n_train: i
             rel = Path("vocab") / tokenizer_filename(cfg.vocab_type, lang)
             try:
                 train_tokenizer(cfg.vocab_type, read_lines(sample_files[lang]), cfg.vocab_size, stage / rel,
-                                cfg.character_coverage, threads)
+                                cfg.character_coverage, threads, characters(lang))
             except NmtError as e:
                 raise NmtError(f"{lang} vocabulary: {e}") from None
             files[lang] = rel
