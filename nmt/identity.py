@@ -6,11 +6,11 @@ complaint and give garbage, because token 1234 means another piece. The identity
 vocabulary itself:
 
     {"source_lang": "en", "target_lang": "de",
-     "vocab_sha256": {"en": "<hex>", "de": "<hex>"},   # of each side's tokenizer file
+     "vocab_sha256": {"en": "<hex>", "de": "<hex>"},   # of each side's pieces, in id order
      "vocab_sizes": {"en": 8000, "de": 8000}}
 
 `nmt preprocess` records the hashes in config/preprocess.json; runs preprocessed before that
-hash their vocab files on demand. Training stores the identity in every checkpoint under
+hash their vocabularies on demand. Training stores the identity in every checkpoint under
 "identity". Checkpoints written before identities existed carry only sizes (in their model
 configuration): those are compared and a warning says the vocabulary itself could not be.
 """
@@ -27,18 +27,23 @@ from nmt.rundir import RunDir
 IDENTITY_KEY = "identity"
 
 
-def file_sha256(path: Path) -> str:
-    """Hex sha256 of a file's bytes (a tokenizer model is a few MB at most)."""
+def vocab_sha256(path: Path) -> str:
+    """Hex sha256 of a vocabulary's pieces in id order: what a token id means.
+
+    Not of the file: a SentencePiece model also records the path it was trained at, so the
+    same vocabulary learned in two folders would differ, and a copy would still match.
+    """
+    from nmt.tokenizer import load_tokenizer
+
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+    for piece in load_tokenizer(path, num_threads=1).pieces():
+        h.update(piece.encode("utf-8") + b"\n")
     return h.hexdigest()
 
 
 def vocab_hashes(root: Path, vocab: dict[str, str]) -> dict[str, str]:
-    """{lang: sha256 of its tokenizer file} for a record's {lang: relative path}."""
-    return {lang: file_sha256(Path(root) / rel) for lang, rel in vocab.items()}
+    """{lang: vocab_sha256 of its tokenizer file} for a record's {lang: relative path}."""
+    return {lang: vocab_sha256(Path(root) / rel) for lang, rel in vocab.items()}
 
 
 def run_identity(rd: RunDir) -> dict[str, Any]:
@@ -46,11 +51,7 @@ def run_identity(rd: RunDir) -> dict[str, Any]:
     record = rd.read_record("preprocess")
     hashes = record.get("vocab_sha256")
     if not hashes:  # preprocessed before the hash was recorded
-        try:
-            hashes = vocab_hashes(rd.root, record["vocab"])
-        except OSError as e:
-            raise NmtError(f"cannot read the vocabulary of {rd.root} ({e.strerror}: {e.filename}); "
-                           f"re-run `nmt preprocess --force`") from None
+        hashes = vocab_hashes(rd.root, record["vocab"])
     src, tgt = record["source_lang"], record["target_lang"]
     return {
         "source_lang": src,

@@ -37,6 +37,8 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[Sequence[int]]) -> list[str]: ...
 
+    def pieces(self) -> list[str]: ...
+
 
 class SentencePieceTokenizer:
     """A SentencePiece model (BPE or unigram) with nmt's special ids."""
@@ -55,6 +57,10 @@ class SentencePieceTokenizer:
     def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
         # <unk> is kept: SentencePiece decodes it as UNK_SURFACE.
         return self.sp.decode([[i for i in seq if i > EOS_ID or i == UNK_ID] for seq in ids], num_threads=self.num_threads)
+
+    def pieces(self) -> list[str]:
+        """The vocabulary, in id order."""
+        return [self.sp.id_to_piece(i) for i in range(self.vocab_size)]
 
 
 class WordPieceTokenizer:
@@ -80,6 +86,10 @@ class WordPieceTokenizer:
                            for p in (pieces[i] for i in seq if i > EOS_ID or i == UNK_ID))
             out.append(text.replace("▁", " ").strip())
         return out
+
+    def pieces(self) -> list[str]:
+        """The vocabulary, in id order."""
+        return [self.tok.id_to_token(i) for i in range(self.vocab_size)]
 
 
 def load_tokenizer(path: str | os.PathLike, num_threads: int = 0) -> Tokenizer:
