@@ -8,12 +8,33 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 from nmt.errors import NmtError
+
+
+_TEMP_NAME = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
+"""The temp names `atomic_path` makes: ".NAME." + mkstemp's 8 random characters + ".tmp"."""
+
+
+def remove_leftover_temps(folder: Path) -> list[Path]:
+    """Remove the temp files that writers killed mid-write (SIGKILL, power loss) left in `folder`.
+
+    A checkpoint's temp file is as large as the checkpoint and nothing else ever removes it.
+    Only safe while holding the run directory's lock (`nmt.runlock`): no other writer is busy.
+    """
+    if not folder.is_dir():
+        return []
+    removed = []
+    for path in sorted(folder.iterdir()):
+        if _TEMP_NAME.match(path.name) and path.is_file() and not path.is_symlink():
+            path.unlink()
+            removed.append(path)
+    return removed
 
 
 def check_file_target(path: Path, flag: str, default_name: str) -> None:

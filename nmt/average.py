@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from nmt.atomic import check_file_target
+from nmt.atomic import check_file_target, remove_leftover_temps
 from nmt.checkpoint import CHECKPOINT_VERSION, load_checkpoint, save_checkpoint
 from nmt.errors import NmtError
 from nmt.identity import IDENTITY_KEY, check_identity, checkpoint_identity, identity_difference, run_identity
@@ -165,6 +165,9 @@ def average_into(rd: RunDir, paths: Sequence[Path], output: Path, warn: Callable
     if run is None:
         return average_checkpoints(paths, output, warn=warn)
     with RunLock(run.root, command_line()):
+        left = remove_leftover_temps(output.parent)
+        if left:
+            warn(f"removed {len(left)} temporary file(s) left by an interrupted write: {', '.join(map(str, left))}")
         expected = run_identity(run) if run.has_record("preprocess") else None
         return average_checkpoints(paths, output, expected=expected, warn=warn)
 

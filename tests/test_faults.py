@@ -297,3 +297,14 @@ def test_unk_decodes_the_same_with_both_tokenizers(tmp_path, vocab_type, name):
     text = tok.decode([ids])[0]
     assert UNK_SURFACE.strip() in text and "<unk>" not in text
     assert text.startswith("a man") and text.endswith("rides")
+
+
+def test_temp_files_of_a_killed_write_are_removed_by_the_next_writer(trained_run, tmp_path):
+    ck = trained_run / "checkpoints"
+    left = ck / ".checkpoint_last.pt.k1ll3d_x.tmp"  # as atomic_path names them
+    left.write_bytes(b"half a checkpoint")
+    proc = run_nmt("average-checkpoints", "-r", trained_run, "--last", "2", "-o", ck / "avg_test.pt")
+    assert proc.returncode == 0, proc.stderr
+    assert f"removed 1 temporary file(s) left by an interrupted write: {left}" in proc.stderr
+    assert not left.exists() and (ck / "avg_test.pt").is_file()
+    (ck / "avg_test.pt").unlink()
