@@ -125,6 +125,16 @@ def test_a_full_disk_on_stdout_is_one_line(tmp_path):
     assert_one_line_error(proc, "no space left on device")
 
 
+def test_translate_to_a_full_disk_is_one_line(trained_run):
+    before = snapshot(trained_run)
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "nmt_cli", "translate", "--threads", "1", "-q", "-r", trained_run,
+                               "--max-len-b", "3"], input="a man\n" * 5, stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    assert_one_line_error(proc, "no space left on device")
+    assert snapshot(trained_run) == before
+
+
 @pytest.mark.parametrize("code,needle", [
     (errno.ENOSPC, "free some space"), (errno.EROFS, "read-only"), (errno.EACCES, "permissions"),
     (errno.EISDIR, "give a file name"), (errno.ENOTDIR, "not a folder"),
@@ -308,3 +318,18 @@ def test_temp_files_of_a_killed_write_are_removed_by_the_next_writer(trained_run
     assert f"removed 1 temporary file(s) left by an interrupted write: {left}" in proc.stderr
     assert not left.exists() and (ck / "avg_test.pt").is_file()
     (ck / "avg_test.pt").unlink()
+
+
+def test_ctrl_c_in_preprocess_leaves_no_staging_folder_nor_lock(tmp_path):
+    write_corpus(tmp_path / "c", 150_000)
+    proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", "preprocess", "-s", "en", "-t", "de", "--trainpref",
+                             tmp_path / "c", "--vocab-size", "40", "-j", "2", "-r", tmp_path / "run"],
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(tmp_path.glob(".run.preprocess-tmp-*/data/train.en.bin")):
+        assert proc.poll() is None and time.monotonic() < deadline, "preprocess ended before binarizing"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.strip() == "nmt: interrupted", err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.de", "c.en"]
