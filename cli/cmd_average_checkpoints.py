@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
         max_span: Annotated[float, typer.Option("--max-span", help="Warn (stderr) when the checkpoints averaged span more than this share of training, in updates: the paper's windows are under 10%.")] = 0.25,
     ) -> None:
         """Average the parameters of several checkpoints into checkpoint_avg.pt."""
-        from nmt.average import average_checkpoints as average, last_checkpoint_infos, span_warning
+        from nmt.average import average_into, last_checkpoint_infos, span_warning
         from nmt.errors import NmtError
         from nmt.rundir import RunDir, resolve_run_dir
 
@@ -39,7 +39,8 @@ def register(app: typer.Typer) -> None:
         picked = [] if inputs else last_checkpoint_infos(rd.checkpoint_dir, last, kind)
         paths = list(inputs) if inputs else [c.path for c in picked]
         output = output or rd.checkpoint_dir / "checkpoint_avg.pt"
-        averaged = average(paths, output)
+        averaged = average_into(rd, paths, output,
+                                warn=lambda message: print(f"nmt average-checkpoints: warning: {message}", file=sys.stderr))
         # Reported after the fact, so that a refusal stays the only line on stderr.
         updates = ", ".join(str(u) for u in averaged["averaged_updates"] if u is not None)
         print(f"averaged {len(paths)} checkpoints ({', '.join(averaged['averaged_from'])}"

@@ -22,8 +22,15 @@ CHECKPOINT_VERSION = 1
 
 def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None:
     """Write `checkpoint` to `path` atomically: a crash never leaves a damaged file there."""
-    with atomic_path(path) as tmp:
-        torch.save(checkpoint, tmp)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        try:
+            torch.save(checkpoint, f)
+        except RuntimeError as e:
+            # Through a Python file, a full disk is an OSError (ENOSPC) that torch's zip writer
+            # then buries under "unexpected pos"; the OSError is what the user can act on.
+            if isinstance(e.__context__, OSError):
+                raise e.__context__ from None
+            raise
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
