@@ -49,15 +49,18 @@ def register(app: typer.Typer) -> None:
 
     def train_command(**kwargs: Any) -> None:
         from nmt.rundir import resolve_run_dir
-        from nmt.train import train
+        from nmt.runlock import refuse_if_held
         from nmt.train_config import parse_duration
 
         ctx = kwargs.pop("ctx")
         run_dir = resolve_run_dir(kwargs.pop("run_dir"))
+        refuse_if_held(run_dir)  # before the slow imports below
         kwargs["max_time"] = parse_duration(kwargs["max_time"]) if kwargs.get("max_time") else 0.0
         # The flags typed on this command line: on a resume only these may change the run's record.
         given = {name for name in kwargs
                  if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") in ("COMMANDLINE", "ENVIRONMENT")}
+        from nmt.train import train
+
         train(run_dir, TrainConfig(**kwargs), given)
 
     app.command("train", help=HELP)(with_parameters(train_command, params))

@@ -136,6 +136,33 @@ class RunLock:
         self._fd = None
 
 
+def refuse_if_held(run_dir: Path) -> None:
+    """Fail at once, naming the holder, when another process writes `run_dir`; holds nothing.
+
+    For commands whose start-up is slow (importing torch takes seconds): a second writer is
+    told right away instead of after loading everything. The lock itself is taken later.
+    """
+    path = lock_path(run_dir)
+    if str(path) in _held_here or not path.is_file():
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return  # unreadable or gone: taking the lock later reports it
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EAGAIN):
+                return
+            holder = _read_holder(fd)
+            who = _describe(holder) if holder else "another process (starting up)"
+            raise NmtError(f"{run_dir} is in use by {who}; wait for it to finish, "
+                           f"or stop it, or use another --run-dir") from None
+    finally:
+        os.close(fd)
+
+
 def command_line() -> str:
     """The command line of this process, as a person would type it (`nmt train -r run`)."""
     args = sys.argv[1:]

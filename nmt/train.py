@@ -23,6 +23,7 @@ import signal
 import sys
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -32,16 +33,19 @@ import torch
 
 from nmt import distributed as dist_util
 from nmt import train_policy
+from nmt.atomic import remove_leftover_temps
 from nmt.batching import collate, make_batches, usable_indices
 from nmt.checkpoint import CHECKPOINT_VERSION
 from nmt.checkpoints_dir import CheckpointManager
 from nmt.data import TokenArray
 from nmt.engine import SkippedStep, TrainEngine, forward_loss
 from nmt.errors import Interrupted, NmtError
+from nmt.identity import IDENTITY_KEY, check_identity, checkpoint_identity, run_identity
 from nmt.loss import label_smoothed_nll_loss  # noqa: F401  (tests patch it through nmt.engine)
 from nmt.model import Transformer, TransformerConfig, build_config
 from nmt.precision import Precision
 from nmt.rundir import RunDir
+from nmt.runlock import RunLock, command_line
 from nmt.schedule import learning_rate
 from nmt.train_config import TrainConfig
 from nmt.train_log import TrainLogger, log_offsets, truncate_logs
@@ -224,7 +228,12 @@ class Trainer:
             torch.set_flush_denormal(True)
 
         self.model_cfg = model_config_for(cfg, self.prep)
+        self.identity = run_identity(self.rd)
+        self.notes: list[str] = list(self.launch.notes)
         ckpt = self.launch.checkpoint
+        if ckpt is not None:  # token ids mean pieces of one vocabulary: refuse another's model
+            check_identity(checkpoint_identity(ckpt), self.identity, f"checkpoint {self.launch.checkpoint_path}",
+                           warn=lambda message: self.notes.append(f"warning: {message}"))
         if ckpt is not None and self.launch.mode in ("resume", "restore"):
             saved = _architecture(ckpt["config"])
             diff = [k for k, v in _architecture(self.model_cfg.to_dict()).items() if saved.get(k) != v]
@@ -242,7 +251,6 @@ class Trainer:
         )
         self.model, self.precision = self.engine.model, self.engine.precision
         self.state = TrainState()
-        self.notes: list[str] = list(self.launch.notes)
         if ckpt is not None:
             self._restore(ckpt)
 
@@ -256,6 +264,7 @@ class Trainer:
         self._check_batching()
         if ctx.is_main:
             truncate_logs(self.rd.log_dir, self._log_offsets_to_keep())
+        self.saved_log_offsets = log_offsets(self.rd.log_dir)
         self.logger = TrainLogger(self.rd.log_dir, cfg.log_interval, enabled=ctx.is_main, progress_bar=not cfg.no_progress_bar)
 
     # -- launch -------------------------------------------------------------------------
@@ -314,12 +323,13 @@ class Trainer:
             "train_state": self.state.to_dict(),
             "train_config": self.cfg.to_dict(),
             "rng": _rng_state(self.device),
+            IDENTITY_KEY: self.identity,
         }
 
     def model_only_dict(self) -> dict[str, Any]:
         """For epoch checkpoints: enough to translate, average and inspect; no optimizer."""
         return {"version": CHECKPOINT_VERSION, "model": self.model.state_dict(), "config": self.model_cfg.to_dict(),
-                "train_state": self.state.to_dict(), "train_config": self.cfg.to_dict()}
+                "train_state": self.state.to_dict(), "train_config": self.cfg.to_dict(), IDENTITY_KEY: self.identity}
 
     # -- the loop -----------------------------------------------------------------------
     def lr_at(self, update: int) -> float:
@@ -399,6 +409,7 @@ class Trainer:
             self.logger.saved(full + model_only, self.state.update)
             self.state.log_offsets = log_offsets(self.rd.log_dir)
             self.ckpts.save(self.checkpoint_dict(), full, self.model_only_dict() if model_only else None, model_only)
+            self.saved_log_offsets = self.state.log_offsets
         self.ctx.barrier()
 
     def _shared_clock(self, clock: TrainingClock, interrupt: InterruptFlag) -> tuple[float, bool]:
@@ -427,9 +438,17 @@ class Trainer:
             self.logger.close()
             return TrainResult(s.update, s.epoch, s.train_time, stopped, s.best_loss)
         clock = TrainingClock(s.train_time)
-        with InterruptFlag() as interrupt:
-            while stopped is None:
-                stopped = self._run_epoch(clock, interrupt)
+        try:
+            with InterruptFlag() as interrupt:
+                while stopped is None:
+                    stopped = self._run_epoch(clock, interrupt)
+        except BaseException:
+            # A crash (full disk, out of memory, a second Ctrl-C) keeps the logs as they were at
+            # the last checkpoint: the updates after it will be done, and logged, again.
+            self.logger.close()
+            if ctx.is_main:
+                truncate_logs(self.rd.log_dir, self.saved_log_offsets)
+            raise
         if stopped == "interrupted":
             self.logger.info(f"interrupted at update {s.update}: checkpoint_last.pt saved; re-run the same command to resume")
             self.logger.close()
@@ -532,10 +551,17 @@ def train(run_dir: str | os.PathLike, cfg: TrainConfig, given: Optional[set[str]
     rd = RunDir(run_dir)
     rd.read_record("preprocess")  # a clear error before any process starts
     cfg.validate()
-    recorded = rd.read_record("train") if rd.has_record("train") else None
-    effective = resolve_launch(rd.checkpoint_dir, recorded, cfg, given).cfg  # the devices the run was set up with
-    args = _WorkerArgs(cfg, given, effective.device, effective.distributed_world_size, effective.threads)
-    return dist_util.launch(_train_worker, run_dir, args)
+    # One writer per run directory: the process that writes (global rank 0, or the launcher of
+    # local ranks) holds the lock; other torchrun ranks write nothing.
+    writer = int(os.environ.get("RANK", "0")) == 0
+    with RunLock(run_dir, command_line()) if writer else nullcontext():
+        if writer and rd.checkpoint_dir.is_dir():
+            for path in remove_leftover_temps(rd.checkpoint_dir):
+                print(f"nmt: note: removed {path.name}, left by a save that was killed", file=sys.stderr)
+        recorded = rd.read_record("train") if rd.has_record("train") else None
+        effective = resolve_launch(rd.checkpoint_dir, recorded, cfg, given).cfg  # the devices the run was set up with
+        args = _WorkerArgs(cfg, given, effective.device, effective.distributed_world_size, effective.threads)
+        return dist_util.launch(_train_worker, run_dir, args)
 
 
 def _train_worker(ctx: dist_util.DistContext, run_dir: Path, args: _WorkerArgs) -> TrainResult:

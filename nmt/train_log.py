@@ -147,7 +147,7 @@ class TrainLogger:
         self.info(f"skipped update {update}: non-finite gradient" + (f" (fp16 loss scale now {scale})" if scale else ""))
 
     def saved(self, names: list[str], update: int) -> None:
-        self.info(f"saved {', '.join(names)} (update {update})")
+        self.info(f"saving {', '.join(names)} (update {update})")
 
     def epoch_end(self) -> None:
         if self.bar is not None:
@@ -155,10 +155,15 @@ class TrainLogger:
             self.bar = None
 
     def close(self) -> None:
+        """Close every output; safe to call twice, and after a failed write (a full disk)."""
         self.epoch_end()
         if not self.enabled:
             return
-        self.jsonl.close()
-        self.text.close()
-        if self.tb is not None:
-            self.tb.close()
+        self.enabled = False
+        for out in (self.jsonl, self.text, self.tb):
+            if out is None:
+                continue
+            try:
+                out.close()
+            except OSError:
+                pass
