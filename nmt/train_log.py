@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from nmt.errors import NmtError
 from nmt.progress import SLOW_ON_CPU, RunProgress, cpu_speed_hint, limits_of, memory_in_use
 
 LN2 = math.log(2.0)
@@ -50,11 +49,8 @@ TENSORBOARD_SCALARS = {
 def open_tensorboard(logdir: Path, purge_step: Optional[int]) -> Any:
     """A SummaryWriter for `logdir`; events after `purge_step` (a dead launch's, redone after a
     resume) are discarded by TensorBoard."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise NmtError("--tensorboard needs the tensorboard package: pip install 'nmt[tensorboard]' "
-                       "(make install installs it)") from None
+    from torch.utils.tensorboard import SummaryWriter  # TrainConfig.validate checked that tensorboard is installed
+
     return SummaryWriter(str(logdir), purge_step=purge_step)
 
 

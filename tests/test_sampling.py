@@ -4,8 +4,6 @@ a terminal."""
 
 from __future__ import annotations
 
-import os
-import pty
 import subprocess
 import sys
 from pathlib import Path
@@ -20,15 +18,7 @@ from nmt.sampling import restrict, sample
 from nmt.sampling_config import SamplingConfig
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from nmt.translate_config import SearchConfig
-from test_translate import _lines, _make_run
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from test_translate import _lines, _make_run, _one_thread  # noqa: F401  (autouse: tiny models on one thread)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import json
 import os
 import pty
 import re
-import shutil
 import struct
 import subprocess
 import sys
@@ -20,14 +19,9 @@ import pytest
 from conftest import assert_one_line_error, run_nmt
 from nmt.progress import Limits, format_duration, time_to_end
 from nmt.train_policy import patience_count
-from test_train import prepared  # noqa: F401  (the preprocessed tiny task)
+from test_train import fresh_copy, prepared  # noqa: F401  (prepared: the preprocessed tiny task)
 
 TINY = ["--arch", "tiny", "--max-tokens", "256", "--threads", "1", "--save-interval-minutes", "0", "--warmup", "10"]
-
-
-def fresh_copy(prepared: Path, dest: Path) -> Path:
-    shutil.copytree(prepared, dest)
-    return dest
 
 
 def run_on_terminal(*args: str) -> tuple[int, str]:
