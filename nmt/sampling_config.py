@@ -15,7 +15,7 @@ def _f(default: object, help: str) -> object:
 @dataclass
 class SamplingConfig:
     sampling: bool = _f(False, "Draw one translation per line from the model's distribution instead of beam search "
-                               "(back-translation, Edunov et al. 2018); the beam flags are then unused.")
+                               "(back-translation, Edunov et al. 2018); --beam and the length penalty are then unused, --max-len-a/b still bound the length.")
     sampling_topk: int = _f(0, "Sample from the K most probable next tokens only; 0 = the whole vocabulary. "
                                "1 is greedy search.")
     sampling_topp: float = _f(0.0, "Nucleus sampling: from the smallest set of next tokens whose probability "
