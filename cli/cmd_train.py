@@ -16,9 +16,11 @@ PANELS = {
     "Model": {"arch", "d_model", "d_ff", "heads", "encoder_layers", "decoder_layers", "dropout", "attention_dropout",
               "relu_dropout", "max_positions", "share_all_embeddings", "share_decoder_input_output_embed", "pre_ln"},
     "Validation and checkpoints": {"validate_interval_updates", "eval_bleu", "save_interval_updates", "save_interval_minutes",
-                                   "keep_last", "keep_last_epochs", "no_epoch_checkpoints", "log_interval"},
+                                   "keep_last", "keep_last_epochs", "no_epoch_checkpoints", "patience",
+                                   "best_checkpoint_metric"},
+    "Logging": {"log_interval", "no_progress_bar", "tensorboard", "tensorboard_logdir"},
     "Resume and fine-tuning": {"restore_file", "finetune_from", "reset_optimizer", "reset_lr_scheduler", "reset_dataloader"},
-    "Devices and precision": {"device", "threads", "amp", "distributed_world_size", "max_skips", "min_loss_scale", "no_progress_bar"},
+    "Devices and precision": {"device", "threads", "amp", "distributed_world_size", "max_skips", "min_loss_scale"},
 }
 
 

@@ -25,9 +25,11 @@ HELP = (
 
 
 def register(app: typer.Typer) -> None:
+    from nmt.sampling_config import SamplingConfig
     from nmt.translate_config import SearchConfig, TranslateConfig
 
     search_fields = [p.name for p in dataclass_parameters(SearchConfig)]
+    sampling_fields = [p.name for p in dataclass_parameters(SamplingConfig)]
     params = [
         inspect.Parameter("run_dir", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=RunDirOption),
         inspect.Parameter("input", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
@@ -42,6 +44,7 @@ def register(app: typer.Typer) -> None:
             bool, typer.Option("--quiet", "-q", help="No checkpoint name, progress bar or summary on stderr (warnings stay).")]),
     ]
     params += dataclass_parameters(SearchConfig, panel=lambda _: "Beam search (Section 6.1)")
+    params += dataclass_parameters(SamplingConfig, panel=lambda _: "Sampling (back-translation)")
     params += dataclass_parameters(TranslateConfig, panel=lambda _: "Input, batching and device")
 
     def translate_command(**kwargs: Any) -> None:
@@ -56,11 +59,15 @@ def register(app: typer.Typer) -> None:
         input_path, checkpoints = kwargs.pop("input"), kwargs.pop("checkpoint") or []
         fmt, quiet = kwargs.pop("format"), kwargs.pop("quiet")
         search = SearchConfig(**{k: kwargs.pop(k) for k in search_fields})
+        sampling = SamplingConfig(**{k: kwargs.pop(k) for k in sampling_fields})
+        sampling.validate()
         cfg = TranslateConfig(**kwargs)
         search.validate()
         cfg.validate()
         if fmt not in ("text", "jsonl"):
             raise NmtError(f"--format must be text or jsonl, not {fmt!r}")
+        if sampling.sampling and search.nbest > 1:
+            raise NmtError("--sampling draws one translation per line; drop --nbest")
         if fmt == "text" and search.nbest > 1:
             raise NmtError("--nbest above 1 needs --format jsonl (text output has exactly one line per input line)")
 
@@ -78,13 +85,13 @@ def register(app: typer.Typer) -> None:
         first = next(chunks, [])  # bad input fails before the model loads
 
         start = time.perf_counter()
-        translator = load_translator(run_dir, checkpoints, search, cfg)
+        translator = load_translator(run_dir, checkpoints, search, cfg, sampling)
         say(("checkpoint " if len(translator.checkpoints) == 1 else "ensemble of ")
             + ", ".join(map(str, translator.checkpoints)))
 
         out = text_stdout()
         bar = None
-        if not quiet and not sys.stdout.isatty():
+        if not quiet and sys.stderr.isatty() and not sys.stdout.isatty():  # a bar only where a person watches
             from tqdm import tqdm
 
             total = count_lines(input_path) if input_path is not None else None

@@ -76,6 +76,10 @@ class TrainState:
     last_interval_save_time: float = 0.0
     """The training clock at the last time-interval checkpoint (the schedule of --save-interval-minutes)."""
     last_valid_update: int = -1
+    patience_best: Optional[float] = None
+    """The best value of --best-checkpoint-metric over all validations (--patience counts from it)."""
+    stale_validations: int = 0
+    """Validations in a row that did not improve on patience_best."""
     batching: dict[str, int] = field(default_factory=dict)
     """max_tokens, update_freq, seed and world size that formed this epoch's batches."""
     log_offsets: dict[str, int] = field(default_factory=dict)
@@ -265,9 +269,15 @@ class Trainer:
         if ctx.is_main:
             truncate_logs(self.rd.log_dir, self._log_offsets_to_keep())
         self.saved_log_offsets = log_offsets(self.rd.log_dir)
-        self.logger = TrainLogger(self.rd.log_dir, cfg.log_interval, enabled=ctx.is_main, progress_bar=not cfg.no_progress_bar)
+        self.logger = TrainLogger(self.rd.log_dir, cfg.log_interval, enabled=ctx.is_main, progress_bar=not cfg.no_progress_bar,
+                                  tensorboard_dir=self._tensorboard_dir())
 
     # -- launch -------------------------------------------------------------------------
+    def _tensorboard_dir(self) -> Optional[Path]:
+        if self.cfg.tensorboard_logdir:
+            return Path(self.cfg.tensorboard_logdir)
+        return self.rd.root / "tensorboard" if self.cfg.tensorboard else None
+
     def _restore(self, ckpt: dict[str, Any]) -> None:
         """Apply the launch's checkpoint by the one resume rule (see nmt.train_resume)."""
         cfg, mode = self.cfg, self.launch.mode
@@ -379,14 +389,17 @@ class Trainer:
             from nmt.valid_bleu import validation_bleu
 
             metrics["bleu"] = validation_bleu(self.model, self.valid_data, self.prep, self.rd, self.device, self.ctx)
-        self.state.last_valid_update = self.state.update
+        s = self.state
+        s.last_valid_update = s.update
+        s.patience_best, s.stale_validations = train_policy.patience_count(
+            metrics[self.cfg.best_metric], s.patience_best, s.stale_validations, self.cfg.best_metric == "bleu")
         return metrics
 
     def _is_best(self, metrics: Optional[dict[str, float]]) -> bool:
         if metrics is None:
             return False
         s = self.state
-        if self.cfg.eval_bleu and "bleu" in metrics:
+        if self.cfg.best_metric == "bleu":
             if s.best_bleu is None or metrics["bleu"] > s.best_bleu:
                 s.best_bleu = metrics["bleu"]
                 if s.best_loss is None or metrics["loss"] < s.best_loss:
@@ -432,9 +445,10 @@ class Trainer:
             how = {"resume": "resuming from", "restore": "restoring from", "finetune": "fine-tuning from"}[self.launch.mode]
             self.logger.info(f"{how} {self.launch.checkpoint_path} at update {s.update}, epoch {s.epoch} "
                              f"(+{s.updates_in_epoch} updates into it), {s.train_time / 60:.1f} min trained")
-        stopped = train_policy.stop_reason(cfg, s.update, s.epoch, s.train_time)
+        stopped = train_policy.stop_reason(cfg, s.update, s.epoch, s.train_time, stale_validations=s.stale_validations)
         if stopped:  # the limits given now: raising one continues a finished run
             self.logger.info(f"training already finished at update {s.update} (epoch {s.epoch}); nothing to do")
+            self._log_stop(stopped)
             self.logger.close()
             return TrainResult(s.update, s.epoch, s.train_time, stopped, s.best_loss)
         clock = TrainingClock(s.train_time)
@@ -449,21 +463,33 @@ class Trainer:
             if ctx.is_main:
                 truncate_logs(self.rd.log_dir, self.saved_log_offsets)
             raise
+        self._log_stop(stopped)
         if stopped == "interrupted":
             self.logger.info(f"interrupted at update {s.update}: checkpoint_last.pt saved; re-run the same command to resume")
             self.logger.close()
             raise Interrupted(f"training stopped at update {s.update}, saved in checkpoint_last.pt; "
                               f"re-run the same command to resume")
-        self.logger.info(f"done: {stopped} reached at update {s.update}, epoch {s.epoch}, "
-                         f"{s.train_time / 60:.1f} min of training")
+        if stopped == "patience":
+            self.logger.info(f"done: stopped early, valid {cfg.best_metric} has not improved for {s.stale_validations} "
+                             f"validations (--patience {cfg.patience}; best {s.patience_best:.4f}) at update {s.update}, "
+                             f"epoch {s.epoch}, {s.train_time / 60:.1f} min of training")
+        else:
+            self.logger.info(f"done: {stopped} reached at update {s.update}, epoch {s.epoch}, "
+                             f"{s.train_time / 60:.1f} min of training")
         self.logger.close()
         return TrainResult(s.update, s.epoch, s.train_time, stopped, s.best_loss)
+
+    def _log_stop(self, reason: str) -> None:
+        s = self.state
+        details = ({"metric": self.cfg.best_metric, "best": round(s.patience_best, 4), "patience": self.cfg.patience,
+                    "stale_validations": s.stale_validations} if reason == "patience" else {})
+        self.logger.stop(s, reason, **details)
 
     def _run_epoch(self, clock: TrainingClock, interrupt: InterruptFlag) -> Optional[str]:
         """The rest of the current epoch; returns why training stopped, or None to go on."""
         cfg, s = self.cfg, self.state
         groups = self.epoch_groups(s.epoch)
-        self.logger.epoch_start(s.epoch, len(groups), s.updates_in_epoch)
+        self.logger.epoch_start(s.epoch, len(groups), s.updates_in_epoch, s.update)
         if s.updates_in_epoch >= len(groups):  # resumed exactly at an epoch's end
             s.epoch, s.updates_in_epoch = s.epoch + 1, 0
             self.logger.epoch_end()
@@ -484,7 +510,8 @@ class Trainer:
                 if metrics is not None:
                     self.logger.valid(s, metrics)
                 s.train_time, interrupted = self._shared_clock(clock, interrupt)
-                late = train_policy.stop_reason(cfg, s.update, s.epoch + epoch_end, s.train_time, interrupted)
+                late = train_policy.stop_reason(cfg, s.update, s.epoch + epoch_end, s.train_time, interrupted,
+                                                s.stale_validations)
                 if decision.stop is None and late is not None:  # the budget ran out during validation
                     decision = train_policy.Decision(False, late != "interrupted", epoch_end, late)
             finished_epoch = s.epoch

@@ -5,6 +5,7 @@ The CLI flags, `--help` and `config/train.json` all come from these fields.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
@@ -56,7 +57,11 @@ class TrainConfig:
     keep_last: int = _f(5, "Keep only the last N interval checkpoints (checkpoint_{epoch}_{update}.pt, which hold the optimizer state); -1 = all. 5 is the paper's base averaging window; pass 20 for big.")
     keep_last_epochs: int = _f(-1, "Keep only the last N epoch checkpoints (checkpoint{epoch}.pt, model only: no optimizer state); -1 = all.")
     no_epoch_checkpoints: bool = _f(False, "Do not write checkpoint{epoch}.pt files.")
-    log_interval: int = _f(100, "Write a train record to logs/train.jsonl every N updates.")
+    log_interval: int = _f(100, "Write a train record to logs/train.jsonl, its line to logs/train.log and to the screen, every N updates.")
+    patience: int = _f(0, "Early stopping (fairseq's --patience): stop when --best-checkpoint-metric has not improved for N validations in a row; 0 = off. The final line and a \"stop\" record in logs/train.jsonl say so; a resume continues the count.")
+    best_checkpoint_metric: str = _f("auto", "Validation metric that picks checkpoint_best.pt and drives --patience: loss (lower is better), bleu (higher is better; needs --eval-bleu), or auto (bleu with --eval-bleu, else loss).")
+    tensorboard: bool = _f(False, "Write TensorBoard event files to RUN/tensorboard: train and valid loss, nll_loss, ppl, lr, gnorm, wps (target tokens/s), valid BLEU (tensorboard is the extra 'nmt[tensorboard]'; make install installs it).")
+    tensorboard_logdir: Optional[str] = _f(None, "Write the TensorBoard event files to this folder instead of RUN/tensorboard (implies --tensorboard).")
     # -- resume and fine-tuning -----------------------------------------------------------
     restore_file: Optional[str] = _f(None, "First launch only: start from this checkpoint (model, optimizer, schedule, data position). Once checkpoint_last.pt exists, training resumes from it.")
     finetune_from: Optional[str] = _f(None, "First launch only: start from these model weights with a fresh optimizer, schedule and data position.")
@@ -118,11 +123,27 @@ class TrainConfig:
             raise NmtError("--update-freq must be at least 1")
         if self.lr is not None and self.lr_scale != 1.0:
             raise NmtError("--lr and --lr-scale are two ways to set the rate; give only one")
+        if (self.tensorboard or self.tensorboard_logdir) and importlib.util.find_spec("tensorboard") is None:
+            raise NmtError("--tensorboard needs the tensorboard package: pip install 'nmt[tensorboard]' "
+                           "(make install installs it), or drop the flag")
+        if self.patience < 0:
+            raise NmtError(f"--patience {self.patience} must be 0 (off) or a number of validations")
+        if self.best_checkpoint_metric not in ("auto", "loss", "bleu"):
+            raise NmtError(f"unknown --best-checkpoint-metric {self.best_checkpoint_metric!r}; choose loss, bleu or auto")
+        if self.best_checkpoint_metric == "bleu" and not self.eval_bleu:
+            raise NmtError("--best-checkpoint-metric bleu needs --eval-bleu (BLEU is only measured with it)")
         if self.restore_file and self.finetune_from:
             raise NmtError("--restore-file resumes a run and --finetune-from starts a new one; give only one")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def best_metric(self) -> str:
+        """loss or bleu: what checkpoint_best.pt and --patience follow."""
+        if self.best_checkpoint_metric == "auto":
+            return "bleu" if self.eval_bleu else "loss"
+        return self.best_checkpoint_metric
 
 
 def field_help(name: str) -> str:

@@ -1,7 +1,8 @@
 """What training shows and records: a progress bar, logs/train.jsonl, logs/train.log, TensorBoard.
 
 `logs/train.jsonl` has one object per log interval ("kind": "train") and per validation
-("kind": "valid"), plus "skip" records for skipped updates. Losses are per target token in
+("kind": "valid"), "skip" records for skipped updates, and one "stop" record when a launch
+ends (its "reason": max_update, max_time, max_epoch, patience or interrupted). Losses are per target token in
 base 2 (bits), as fairseq logs them; ppl = 2 ** nll_loss.
 """
 
@@ -13,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
+
+from nmt.progress import SLOW_ON_CPU, RunProgress, cpu_speed_hint, limits_of, memory_in_use
 
 LN2 = math.log(2.0)
 LOG_FILES = ("train.jsonl", "train.log")
@@ -36,24 +39,44 @@ def truncate_logs(log_dir: Path, offsets: dict[str, int]) -> None:
                 f.truncate(size)
 
 
+TENSORBOARD_SCALARS = {
+    "train": ("loss", "nll_loss", "ppl", "lr", "gnorm", "wps"),
+    "valid": ("loss", "nll_loss", "ppl", "bleu"),
+}
+"""What --tensorboard writes, as `{kind}/{name}` tags against the update count (wps = target tokens/s)."""
+
+
+def open_tensorboard(logdir: Path, purge_step: Optional[int]) -> Any:
+    """A SummaryWriter for `logdir`; events after `purge_step` (a dead launch's, redone after a
+    resume) are discarded by TensorBoard."""
+    from torch.utils.tensorboard import SummaryWriter  # TrainConfig.validate checked that tensorboard is installed
+
+    return SummaryWriter(str(logdir), purge_step=purge_step)
+
+
 class TrainLogger:
-    def __init__(self, log_dir: Path, log_interval: int, enabled: bool = True, progress_bar: bool = True):
+    """Writes every record to logs/train.jsonl and its line to logs/train.log, whether a
+    terminal is attached or not; on a terminal the lines go above one progress bar for the
+    whole run (`nmt.progress.RunProgress`), otherwise they are printed as they are."""
+
+    def __init__(self, log_dir: Path, log_interval: int, enabled: bool = True, progress_bar: bool = True,
+                 tensorboard_dir: Optional[Path] = None):
         self.enabled, self.log_interval = enabled, max(1, log_interval)
         self.use_bar = progress_bar and sys.stderr.isatty()
-        self.bar = None
+        self.bar: Optional[RunProgress] = None
         self.tb = None
+        self.tensorboard_dir = tensorboard_dir
+        self.device: Any = None
+        self.cpu_hint_arch: Optional[str] = None
+        """Set for base/big on a CPU: the launch's second update then prints how long it took."""
+        self._hint_max_update = 0
+        self._first_update_at: Optional[float] = None
         self._reset_interval()
         if not enabled:
             return
         log_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl = open(log_dir / "train.jsonl", "a", encoding="utf-8")
         self.text = open(log_dir / "train.log", "a", encoding="utf-8")
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(str(log_dir / "tensorboard"))
-        except Exception:  # tensorboard is optional
-            self.tb = None
 
     def _reset_interval(self) -> None:
         self.acc = {"loss_sum": 0.0, "nll_sum": 0.0, "ntokens": 0.0, "src_tokens": 0.0, "nsentences": 0.0, "gnorm": 0.0, "n": 0}
@@ -67,7 +90,7 @@ class TrainLogger:
         self.text.write(f"{stamp} | {message}\n")
         self.text.flush()
         if self.bar is not None:
-            self.bar.write(message, file=sys.stderr)
+            self.bar.write(message)
         else:
             print(message, file=sys.stderr, flush=True)
 
@@ -77,21 +100,26 @@ class TrainLogger:
         self.jsonl.write(json.dumps(rec) + "\n")
         self.jsonl.flush()
         if self.tb is not None:
-            for k, v in rec.items():
-                if isinstance(v, (int, float)) and k not in ("update", "epoch"):
-                    self.tb.add_scalar(f"{rec['kind']}/{k}", v, rec["update"])
+            for k in TENSORBOARD_SCALARS.get(rec["kind"], ()):
+                if isinstance(rec.get(k), (int, float)):
+                    self.tb.add_scalar(f"{rec['kind']}/{k}", rec[k], rec["update"])
 
     # -- events ---------------------------------------------------------------------------
     def start(self, trainer: Any, description: str) -> None:
+        s = trainer.state
+        self.device = trainer.device
+        if self.enabled and self.tensorboard_dir is not None:
+            self.tb = open_tensorboard(self.tensorboard_dir, purge_step=s.update + 1 if s.update else None)
+        if self.enabled and self.use_bar:
+            self.bar = RunProgress(limits_of(trainer.cfg), s.update, s.train_time, trainer.device)
+        if trainer.device.type == "cpu" and trainer.cfg.arch in SLOW_ON_CPU:
+            self.cpu_hint_arch, self._hint_max_update = trainer.cfg.arch, trainer.cfg.max_update
         self.info(description)
 
-    def epoch_start(self, epoch: int, n_updates: int, done: int) -> None:
+    def epoch_start(self, epoch: int, n_updates: int, done: int, update: int = 0) -> None:
         self.epoch = epoch
-        if self.enabled and self.use_bar:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=n_updates, initial=done, desc=f"epoch {epoch:03d}", unit="upd",
-                            file=sys.stderr, dynamic_ncols=True, leave=False)
+        if self.bar is not None:
+            self.bar.epoch(epoch, n_updates, done, update)
         self._reset_interval()
 
     def train_update(self, state: Any, out: dict[str, float]) -> None:
@@ -100,13 +128,13 @@ class TrainLogger:
             a[k] += out[k]
         a["gnorm"] += out["gnorm"]
         a["n"] += 1
-        if self.bar is not None:
-            self.bar.update(1)
-        if state.update % self.log_interval != 0:
-            if self.bar is not None and a["n"] % 5 == 1:
-                self._postfix(out["lr"])
-            return
+        self._cpu_hint()
         elapsed = max(time.monotonic() - self.interval_start, 1e-9)
+        if state.update % self.log_interval != 0:
+            if self.bar is not None:
+                self.bar.show(state.update, state.train_time, a["loss_sum"] / max(a["ntokens"], 1) / LN2, out["lr"],
+                              a["ntokens"] / elapsed)
+            return
         nll = a["nll_sum"] / a["ntokens"] / LN2
         rec = {
             "kind": "train", "epoch": state.epoch, "update": state.update,
@@ -115,22 +143,25 @@ class TrainLogger:
             "src_wps": round(a["src_tokens"] / elapsed, 1), "ups": round(a["n"] / elapsed, 3),
             "wpb": round(a["ntokens"] / a["n"], 1), "bsz": round(a["nsentences"] / a["n"], 1),
             "gnorm": round(a["gnorm"] / a["n"], 4), "wall": round(state.train_time, 2),
+            "mem_mb": round(memory_in_use(self.device) / 2**20, 1) if self.enabled else 0.0,
         }
         self.record(rec)
-        self._postfix(out["lr"], rec)
-        if self.bar is None:
-            self.info(" | ".join(f"{k} {v}" for k, v in rec.items() if k != "kind"))
+        self.info(" | ".join(f"{k} {v}" for k, v in rec.items() if k != "kind"))
+        if self.bar is not None:
+            self.bar.show(state.update, state.train_time, rec["loss"], out["lr"], rec["wps"], force=True)
         self._reset_interval()
 
-    def _postfix(self, lr: float, rec: Optional[dict[str, Any]] = None) -> None:
-        if self.bar is None:
+    def _cpu_hint(self) -> None:
+        """Once, after the second update of the launch (the first one pays for warm-up): how
+        long an update of a paper-sized model takes on this CPU, and the settings that fit one."""
+        if self.cpu_hint_arch is None:
             return
-        a = self.acc
-        if rec is None and a["ntokens"]:
-            elapsed = max(time.monotonic() - self.interval_start, 1e-9)
-            rec = {"loss": a["loss_sum"] / a["ntokens"] / LN2, "wps": a["ntokens"] / elapsed}
-        if rec:
-            self.bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}", wps=f"{rec['wps']:.0f}", refresh=False)
+        now = time.monotonic()
+        if self._first_update_at is None:
+            self._first_update_at = now
+            return
+        self.info(cpu_speed_hint(self.cpu_hint_arch, now - self._first_update_at, self._hint_max_update))
+        self.cpu_hint_arch = None
 
     def valid(self, state: Any, metrics: dict[str, float]) -> None:
         rec = {"kind": "valid", "epoch": state.epoch, "update": state.update, **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in metrics.items()},
@@ -138,6 +169,14 @@ class TrainLogger:
                "wall": round(state.train_time, 2)}
         self.record(rec)
         self.info("valid | " + " | ".join(f"{k} {v}" for k, v in rec.items() if k != "kind"))
+
+    def stop(self, state: Any, reason: str, **details: Any) -> None:
+        """The last record of a launch: why training stopped (see README, 'Logs')."""
+        rec = {"kind": "stop", "epoch": state.epoch, "update": state.update, "reason": reason, **details,
+               "wall": round(state.train_time, 2)}
+        self.record(rec)
+        if self.bar is not None:
+            self.bar.show(state.update, state.train_time, force=True)
 
     def skip(self, update: int, epoch: int, gnorm: float, scale: Optional[float]) -> None:
         rec = {"kind": "skip", "epoch": epoch, "update": update, "gnorm": gnorm if math.isfinite(gnorm) else str(gnorm)}
@@ -150,13 +189,13 @@ class TrainLogger:
         self.info(f"saving {', '.join(names)} (update {update})")
 
     def epoch_end(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
+        """Nothing to close: the bar covers the whole run."""
 
     def close(self) -> None:
         """Close every output; safe to call twice, and after a failed write (a full disk)."""
-        self.epoch_end()
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
         if not self.enabled:
             return
         self.enabled = False

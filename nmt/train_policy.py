@@ -7,7 +7,9 @@ Nothing here depends on how long an epoch or an update takes. Each cadence is it
   saves never move that schedule, so "a checkpoint every 10 minutes, average the last 5" means
   the same on a CPU that runs one epoch in an hour and on a GPU that runs one in a minute. With
   `--max-time` a multiple of the interval, the last interval checkpoint is the final one;
-- `--max-time` counts the same clock, so a run ends within one update or one validation of it.
+- `--max-time` counts the same clock, so a run ends within one update or one validation of it;
+- `--patience` counts validations: the run stops when the best-checkpoint metric has not
+  improved for that many validations in a row (fairseq's `should_stop_early`).
 """
 
 from __future__ import annotations
@@ -39,10 +41,22 @@ def minute_interval_crossed(last_save_time: float, now: float, interval_minutes:
     return math.floor(now / period) > math.floor(last_save_time / period)
 
 
-def stop_reason(cfg: Any, update: int, epoch: int, train_time: float, interrupted: bool = False) -> Optional[str]:
-    """Why training must stop now, or None. `epoch` is the epoch about to run."""
+def patience_count(value: float, best: Optional[float], stale: int, higher_is_better: bool) -> tuple[float, int]:
+    """(best so far, validations in a row without improvement) after a validation that measured
+    `value`. Only a strict improvement resets the count, as in fairseq."""
+    if best is None or (value > best if higher_is_better else value < best):
+        return value, 0
+    return best, stale + 1
+
+
+def stop_reason(cfg: Any, update: int, epoch: int, train_time: float, interrupted: bool = False,
+                stale_validations: int = 0) -> Optional[str]:
+    """Why training must stop now, or None. `epoch` is the epoch about to run;
+    `stale_validations` counts the last validations that did not improve the metric."""
     if interrupted:
         return "interrupted"
+    if cfg.patience and stale_validations >= cfg.patience:
+        return "patience"
     if cfg.max_update and update >= cfg.max_update:
         return "max_update"
     if cfg.max_time and train_time >= cfg.max_time:

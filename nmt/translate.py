@@ -25,6 +25,7 @@ from nmt.errors import NmtError
 from nmt.identity import check_identity, checkpoint_identity, run_identity
 from nmt.model import Transformer, TransformerConfig
 from nmt.rundir import RunDir
+from nmt.sampling_config import SamplingConfig
 from nmt.tokenizer import EOS_ID, PAD_ID, Tokenizer, load_tokenizer
 from nmt.translate_config import SearchConfig, TranslateConfig
 
@@ -116,6 +117,7 @@ class Translator:
         cfg: TranslateConfig,
         moses_langs: Optional[tuple[str, str]] = None,
         checkpoints: Sequence[Path] = (),
+        sampling: Optional[SamplingConfig] = None,
     ):
         search.validate()
         cfg.validate()
@@ -125,6 +127,9 @@ class Translator:
         self.checkpoints = list(checkpoints)
         self.device = next(self.models[0].parameters()).device
         self.max_positions = min(m.cfg.max_positions for m in self.models)
+        self.sampling = sampling if sampling is not None and sampling.sampling else None
+        """With --sampling: one draw per line (nmt.sampling) instead of the beam search."""
+        self.generator = torch.Generator(self.device).manual_seed(sampling.seed) if self.sampling else None
         self.truncated = 0
         """Input lines cut to the model's positions so far."""
         self.target_tokens = 0
@@ -150,7 +155,7 @@ class Translator:
         hyps: list[list[Hypothesis]] = [[] for _ in ids]
         for batch in self._batches(ids):
             src = self._source_tensor([ids[i] for i in batch])
-            for i, found in zip(batch, beam_search(self.models, src, self.search)):
+            for i, found in zip(batch, self._decode(src)):
                 hyps[i] = found
                 self.no_hypothesis += not found
 
@@ -170,6 +175,13 @@ class Translator:
             self.target_tokens += len(found[0].tokens) + 1
             out.append(Translation(nbest[0][0], nbest[0][1], nbest))
         return out
+
+    def _decode(self, src: torch.Tensor) -> list[list[Hypothesis]]:
+        if self.sampling is not None:
+            from nmt.sampling import sample
+
+            return sample(self.models, src, self.sampling, self.search, self.generator)
+        return beam_search(self.models, src, self.search)
 
     def _batches(self, ids: list[list[int]]) -> Iterator[list[int]]:
         """Indices of non-empty lines, longest first, in batches of at most max_tokens padded source tokens."""
@@ -215,6 +227,7 @@ def load_translator(
     checkpoints: Sequence[str | Path] = (),
     search: Optional[SearchConfig] = None,
     cfg: Optional[TranslateConfig] = None,
+    sampling: Optional[SamplingConfig] = None,
 ) -> Translator:
     """The translator of a trained run: its tokenizers, Moses setting and checkpoint(s).
 
@@ -243,4 +256,4 @@ def load_translator(
 
     models = [load_model(path, device, dtype, expected=run_identity(run)) for path in paths]
     moses = (src_lang, tgt_lang) if record.get("moses") else None
-    return Translator(models, src_tok, tgt_tok, search, cfg, moses_langs=moses, checkpoints=paths)
+    return Translator(models, src_tok, tgt_tok, search, cfg, moses_langs=moses, checkpoints=paths, sampling=sampling)

@@ -1,0 +1,36 @@
+"""Settings of `nmt translate --sampling` (fairseq's names). A plain dataclass without torch,
+so `nmt --help` stays fast; the CLI flags, defaults and help come from these fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nmt.errors import NmtError
+
+
+def _f(default: object, help: str) -> object:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class SamplingConfig:
+    sampling: bool = _f(False, "Draw one translation per line from the model's distribution instead of beam search "
+                               "(back-translation, Edunov et al. 2018); --beam and the length penalty are then unused, --max-len-a/b still bound the length.")
+    sampling_topk: int = _f(0, "Sample from the K most probable next tokens only; 0 = the whole vocabulary. "
+                               "1 is greedy search.")
+    sampling_topp: float = _f(0.0, "Nucleus sampling: from the smallest set of next tokens whose probability "
+                                   "reaches P (0 < P <= 1); 0 = off. Give --sampling-topk or --sampling-topp, not both.")
+    temperature: float = _f(1.0, "Divide the logits by T before sampling: below 1 sharper, above 1 flatter.")
+    seed: int = _f(1, "Seed of the sampler: the same seed, input and settings give the same translations.")
+
+    def validate(self) -> None:
+        if not self.sampling and (self.sampling_topk or self.sampling_topp or self.temperature != 1.0):
+            raise NmtError("--sampling-topk, --sampling-topp and --temperature apply to --sampling; add --sampling")
+        if self.sampling_topk < 0:
+            raise NmtError(f"--sampling-topk must be 0 (off) or positive, not {self.sampling_topk}")
+        if not 0.0 <= self.sampling_topp <= 1.0:
+            raise NmtError(f"--sampling-topp must be in (0, 1] (0 = off), not {self.sampling_topp}")
+        if self.sampling_topk and self.sampling_topp:
+            raise NmtError("give --sampling-topk or --sampling-topp, not both")
+        if not self.temperature > 0:
+            raise NmtError(f"--temperature must be positive, not {self.temperature}")
