@@ -48,7 +48,7 @@ from nmt.rundir import RunDir
 from nmt.runlock import RunLock, command_line
 from nmt.schedule import learning_rate
 from nmt.train_config import TrainConfig
-from nmt.train_log import TrainLogger, log_offsets, truncate_logs
+from nmt.train_log import TrainLogger, log_offsets, restore_logs, truncate_logs
 from nmt.train_resume import BATCHING_FIELDS, Launch, given_from_defaults, launch_record, resolve_launch
 
 LN2 = math.log(2.0)
@@ -266,9 +266,11 @@ class Trainer:
             if (self.rd.data_dir / f"valid.{self.prep['source_lang']}.idx").is_file() else None
         )
         self._check_batching()
+        self._cut_logs: dict[str, bytes] = {}
         if ctx.is_main:
-            truncate_logs(self.rd.log_dir, self._log_offsets_to_keep())
+            self._cut_logs = truncate_logs(self.rd.log_dir, self._log_offsets_to_keep())
         self.saved_log_offsets = log_offsets(self.rd.log_dir)
+        self.saved_this_launch = False
         self.logger = TrainLogger(self.rd.log_dir, cfg.log_interval, enabled=ctx.is_main, progress_bar=not cfg.no_progress_bar,
                                   tensorboard_dir=self._tensorboard_dir())
 
@@ -423,6 +425,7 @@ class Trainer:
             self.state.log_offsets = log_offsets(self.rd.log_dir)
             self.ckpts.save(self.checkpoint_dict(), full, self.model_only_dict() if model_only else None, model_only)
             self.saved_log_offsets = self.state.log_offsets
+            self.saved_this_launch = True
         self.ctx.barrier()
 
     def _shared_clock(self, clock: TrainingClock, interrupt: InterruptFlag) -> tuple[float, bool]:
@@ -458,10 +461,11 @@ class Trainer:
                     stopped = self._run_epoch(clock, interrupt)
         except BaseException:
             # A crash (full disk, out of memory, a second Ctrl-C) keeps the logs as they were at
-            # the last checkpoint: the updates after it will be done, and logged, again.
+            # the last checkpoint: the updates after it will be done, and logged, again. A launch
+            # that saved nothing leaves them exactly as it found them.
             self.logger.close()
             if ctx.is_main:
-                truncate_logs(self.rd.log_dir, self.saved_log_offsets)
+                restore_logs(self.rd.log_dir, self.saved_log_offsets, {} if self.saved_this_launch else self._cut_logs)
             raise
         self._log_stop(stopped)
         if stopped == "interrupted":

@@ -26,17 +26,31 @@ def log_offsets(log_dir: Path) -> dict[str, int]:
     return {name: (log_dir / name).stat().st_size if (log_dir / name).is_file() else 0 for name in LOG_FILES}
 
 
-def truncate_logs(log_dir: Path, offsets: dict[str, int]) -> None:
-    """Cut each log back to its length at the checkpoint training resumes from.
+def truncate_logs(log_dir: Path, offsets: dict[str, int]) -> dict[str, bytes]:
+    """Cut each log back to its length at the checkpoint training resumes from, and return
+    what was cut (so that a launch that then fails before saving can put it back).
 
     Updates done after that checkpoint by a process that then died are done again; without
     this, train.jsonl would hold their records twice.
     """
+    cut: dict[str, bytes] = {}
     for name, size in offsets.items():
         path = log_dir / name
         if path.is_file() and path.stat().st_size > size:
             with open(path, "r+b") as f:
+                f.seek(size)
+                cut[name] = f.read()
                 f.truncate(size)
+    return cut
+
+
+def restore_logs(log_dir: Path, offsets: dict[str, int], cut: dict[str, bytes]) -> None:
+    """Put the logs back as they were before a launch that failed without saving anything:
+    cut back to `offsets`, then the tails `truncate_logs` removed at its start re-appended."""
+    truncate_logs(log_dir, offsets)
+    for name, tail in cut.items():
+        with open(log_dir / name, "ab") as f:
+            f.write(tail)
 
 
 TENSORBOARD_SCALARS = {
