@@ -34,6 +34,10 @@ class Batch:
     def n_sentences(self) -> int:
         return int(self.src.size(0))
 
+    def pin_memory(self) -> "Batch":
+        """Page-locked copies, so that `to(cuda)` copies asynchronously."""
+        return Batch(self.src.pin_memory(), self.prev.pin_memory(), self.target.pin_memory(), self.n_src_tokens, self.n_tgt_tokens)
+
     def to(self, device: torch.device) -> "Batch":
         nb = device.type == "cuda"
         return Batch(self.src.to(device, non_blocking=nb), self.prev.to(device, non_blocking=nb),
