@@ -103,6 +103,14 @@ def time_batch_formation(run_dir: Path, max_tokens: int) -> dict:
             "batches": len(batches), "pairs": int(len(indices))}
 
 
+def _high_water_mib() -> float:
+    """This process's peak RSS (VmHWM: unlike ru_maxrss, not inherited from the parent across exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _data_path_rank(rank: int, world: int, run_dir: str, max_tokens: int, out: "mp.Queue") -> None:
     """What one training process's data path holds before the model: corpus, batches, first update."""
     import torch  # a training process has torch loaded, so its baseline is counted
@@ -110,7 +118,7 @@ def _data_path_rank(rank: int, world: int, run_dir: str, max_tokens: int, out: "
     from nmt.batching import collate, make_batches, usable_indices
     from nmt.data import TokenArray
 
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    base = _high_water_mib()
     prep = json.loads((Path(run_dir) / "config" / "preprocess.json").read_text())
     src = TokenArray(Path(run_dir) / "data", "train", LANGS[0], prep["dtype"])
     tgt = TokenArray(Path(run_dir) / "data", "train", LANGS[1], prep["dtype"])
@@ -120,7 +128,7 @@ def _data_path_rank(rank: int, world: int, run_dir: str, max_tokens: int, out: "
     mine = [collate(src, tgt, ids) for ids in groups[0][rank::world]]
     torch.cat([b.src.flatten() for b in mine])
     out.put({"rank": rank, "torch_imported_mib": round(base, 1),
-             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)})
+             "peak_rss_mib": round(_high_water_mib(), 1)})
 
 
 def data_path_rss(run_dir: Path, max_tokens: int, world: int = 2) -> list[dict]:
