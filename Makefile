@@ -8,7 +8,7 @@ TORCH_REQ ?= torch
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test bench bench-preprocess bench-train bench-translate recipe-multi30k recipe-wmt14-ende clean
+.PHONY: install test bench bench-preprocess bench-train bench-translate bench-scale recipe-multi30k recipe-wmt14-ende clean
 
 install: $(STAMP)
 
@@ -34,6 +34,11 @@ bench-train: install
 
 bench-translate: install
 	$(BIN)/python bench/bench_translate.py
+
+# WMT-scale data path on a synthetic 4.5M-pair corpus (newstest lengths): preprocess, batching,
+# first update with --distributed-world-size 2 on CPU, big checkpoint write.
+bench-scale: install
+	$(BIN)/python bench/bench_scale.py
 
 # The main job: Multi30k task 1 end to end, ending with a BLEU score and RUN_DIR/summary.json.
 # Settings are the dicts at the top of recipes/multi30k.py; any of them, and MULTI30K_DIR,

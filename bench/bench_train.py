@@ -6,7 +6,15 @@ Model FLOPs per update = 6 x (non-embedding encoder parameters x source tokens +
 (non-embedding decoder parameters + vocabulary x d_model) x target tokens), padding excluded.
 Each precision runs in its own process so peak RSS is its own.
 
-    python bench/bench_train.py [--updates 200] [--amp none bf16] [--run-dir DIR]
+Targets (issue 11), printed with the results: fp32 >= 0.65 of the fp32 matmul peak; fp32 peak
+RSS <= 1.2 GB; bf16 peak RSS no higher than fp32's; on a CPU with bf16 matrix units
+(AVX512-BF16 or AMX), bf16 >= 1.7x fp32 target tokens/s. Where the CPU has no such units,
+bf16 is skipped, and the bench says so: its matrix products would be emulated.
+
+`--compile` also times the model's encode/decode/project under torch.compile (dynamic shapes,
+compilation not timed) to see whether it pays off on this machine.
+
+    python bench/bench_train.py [--updates 200] [--amp none bf16] [--compile] [--run-dir DIR]
 """
 
 from __future__ import annotations
@@ -33,7 +41,38 @@ def prepare(run_dir: Path, multi30k: Path) -> None:
                     "--vocab-size", "8000"], check=True)
 
 
-def measure(run_dir: Path, arch: str, amp: str, updates: int, max_tokens: int, threads: int, device: str) -> dict:
+def cpu_bf16_units() -> tuple[bool, str]:
+    """Whether this CPU multiplies bf16 matrices natively, and the evidence."""
+    import torch
+
+    flags = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    units = sorted(flags & {"avx512_bf16", "amx_bf16"})
+    onednn = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if units or onednn:
+        return True, f"cpu flags {', '.join(units) or 'n/a'}; oneDNN bf16 support {onednn}"
+    return False, ("the CPU flags show neither avx512_bf16 nor amx_bf16 and oneDNN reports no bf16 support "
+                   "(torch.ops.mkldnn._is_mkldnn_bf16_supported() is False), so bf16 matrix products would be "
+                   "emulated, slower than fp32")
+
+
+def compile_model(trainer) -> None:
+    """Route the training forward through torch.compile (measurement only)."""
+    import torch
+
+    model = trainer.model
+    for name in ("encode", "decode_hidden", "project"):
+        setattr(model, name, torch.compile(getattr(model, name), dynamic=True))
+
+
+def measure(run_dir: Path, arch: str, amp: str, updates: int, max_tokens: int, threads: int, device: str,
+            compiled: bool = False) -> dict:
     """Train `updates` updates in this process; time the training steps only."""
     import torch
 
@@ -50,19 +89,29 @@ def measure(run_dir: Path, arch: str, amp: str, updates: int, max_tokens: int, t
                       no_progress_bar=True, save_interval_minutes=0, max_update=updates, log_interval=10**9)
     dev = resolve_device(device)
     trainer = Trainer(work, cfg, DistContext(0, 1, 0, dev))
+    compile_s = None
+    if compiled:
+        compile_model(trainer)
     enc, dec = non_embedding_parameters(trainer.model)
     vocab_proj = trainer.model_cfg.tgt_vocab_size * trainer.model_cfg.d_model
     groups = []
     epoch = 1
-    while len(groups) < updates:
+    while len(groups) < updates + 3:
         groups += trainer.epoch_groups(epoch)
         epoch += 1
     src_tok = tgt_tok = flops = 0.0
     losses = []
     sync = (lambda: torch.cuda.synchronize()) if dev.type == "cuda" else (lambda: None)
+    timed = groups[:updates]
+    if compiled:  # compile (and settle the dynamic-shape graphs) on 3 updates outside the timing
+        t = time.perf_counter()
+        for g in groups[:3]:
+            trainer.train_step(g)
+        compile_s = time.perf_counter() - t
+        timed = groups[3 : updates + 3]
     sync()
     start = time.perf_counter()
-    for g in groups[:updates]:
+    for g in timed:
         out = trainer.train_step(g)
         src_tok += out["src_tokens"]
         tgt_tok += out["ntokens"]
@@ -71,7 +120,7 @@ def measure(run_dir: Path, arch: str, amp: str, updates: int, max_tokens: int, t
     sync()
     elapsed = time.perf_counter() - start
     shutil.rmtree(work, ignore_errors=True)
-    return {"arch": arch, "amp": amp, "updates": updates, "seconds": round(elapsed, 2),
+    return {"arch": arch, "amp": amp, "compiled": compiled, "compile_s": compile_s, "updates": updates, "seconds": round(elapsed, 2),
             "tgt_tokens_per_s": round(tgt_tok / elapsed, 1), "src_tgt_tokens_per_s": round((src_tok + tgt_tok) / elapsed, 1),
             "model_flops_per_s": flops / elapsed, "peak_rss_mib": round(peak_rss_mib(), 1),
             "loss_first10": round(sum(losses[:10]) / len(losses[:10]), 4), "loss_last10": round(sum(losses[-10:]) / len(losses[-10:]), 4),
@@ -88,10 +137,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--amp", nargs="+", default=["none", "bf16"])
+    ap.add_argument("--compile", action="store_true", help="Also time each precision under torch.compile")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one precision in this process
+    ap.add_argument("--compiled", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(measure(args.run_dir, args.arch, args.one, args.updates, args.max_tokens, args.threads, args.device)))
+        print(json.dumps(measure(args.run_dir, args.arch, args.one, args.updates, args.max_tokens, args.threads, args.device,
+                                 args.compiled)))
         return
     prepare(args.run_dir, args.multi30k)
     import torch
@@ -101,30 +153,40 @@ def main() -> None:
     if args.device == "cpu" and "bf16" in args.amp:
         peaks["bf16"] = matmul_flops(torch.bfloat16)
     results = {}
-    native_bf16 = args.device != "cpu" or torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    for amp in args.amp:
-        updates = args.updates
+    native_bf16, evidence = (True, "GPU") if args.device != "cpu" else cpu_bf16_units()
+    print(f"bf16 matrix units: {'yes' if native_bf16 else 'no'} ({evidence})", flush=True)
+    runs = [(amp, False) for amp in args.amp] + ([(amp, True) for amp in args.amp] if args.compile else [])
+    for amp, compiled in runs:
         if amp == "bf16" and not native_bf16:
-            # Without AVX512-BF16/AMX, bf16 matrix products are emulated and many times slower
-            # than fp32 (see the bf16 matmul peak printed below): time a short run only.
-            updates = min(args.updates, 3)
-            print(f"this CPU has no native bf16 matrix units: timing {updates} bf16 updates only", flush=True)
+            print(f"skipping bf16: {evidence}", flush=True)
+            continue
         cmd = [sys.executable, __file__, "--one", amp, "--run-dir", str(args.run_dir), "--arch", args.arch,
-               "--updates", str(updates), "--max-tokens", str(args.max_tokens), "--threads", str(args.threads),
-               "--device", args.device]
+               "--updates", str(args.updates), "--max-tokens", str(args.max_tokens), "--threads", str(args.threads),
+               "--device", args.device] + (["--compiled"] if compiled else [])
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
         r = json.loads(out)
         r["fraction_of_fp32_matmul_peak"] = round(r["model_flops_per_s"] / peaks["fp32"], 3)
-        results[amp] = r
-        print(f"train {args.arch} amp={amp}: {r['tgt_tokens_per_s']:.0f} target tok/s, "
+        key = amp + ("+compile" if compiled else "")
+        results[key] = r
+        print(f"train {args.arch} amp={key}: {r['tgt_tokens_per_s']:.0f} target tok/s, "
               f"{r['src_tgt_tokens_per_s']:.0f} src+tgt tok/s, model {r['model_flops_per_s'] / 1e9:.1f} GFLOP/s = "
               f"{r['fraction_of_fp32_matmul_peak']:.2f} x fp32 matmul peak, peak RSS {r['peak_rss_mib']:.0f} MiB, "
-              f"loss {r['loss_first10']:.3f} -> {r['loss_last10']:.3f} (bits/token)")
+              f"loss {r['loss_first10']:.3f} -> {r['loss_last10']:.3f} (bits/token)"
+              + (f", compilation {r['compile_s']:.0f} s" if compiled else ""), flush=True)
     summary = {"benchmark": "train", "matmul_flops_per_s": peaks, "threads": args.threads, "results": results,
                "flop_count": "6 x (enc non-embedding params x src tokens + (dec non-embedding params + V x d_model) x tgt tokens), padding excluded"}
     summary["native_bf16"] = bool(native_bf16)
+    summary["bf16_units"] = evidence
+    if "none" in results:
+        fp32 = results["none"]
+        print(f"targets: fp32 {fp32['fraction_of_fp32_matmul_peak']:.2f} x peak (>= 0.65), fp32 peak RSS "
+              f"{fp32['peak_rss_mib'] / 1024:.2f} GiB (<= 1.2 GB = {1.2e9 / 2**30:.2f} GiB)")
+        for key in [k for k in results if k.endswith("+compile")]:
+            print(f"{key} / eager target tokens/s: {results[key]['tgt_tokens_per_s'] / results[key.split('+')[0]]['tgt_tokens_per_s']:.2f}x")
     if "none" in results and "bf16" in results:
         summary["bf16_speedup"] = round(results["bf16"]["tgt_tokens_per_s"] / results["none"]["tgt_tokens_per_s"], 3)
+        print(f"targets: bf16 peak RSS {results['bf16']['peak_rss_mib']:.0f} MiB (<= fp32's {results['none']['peak_rss_mib']:.0f}), "
+              f"bf16 / fp32 {summary['bf16_speedup']:.2f}x (>= 1.7x)")
         n = len(results["bf16"]["loss_curve"])
         diffs = [abs(a - b) for a, b in zip(results["bf16"]["loss_curve"], results["none"]["loss_curve"][:n])]
         summary["bf16_vs_fp32_max_loss_difference_first_updates"] = round(max(diffs), 4)

@@ -34,6 +34,10 @@ class Batch:
     def n_sentences(self) -> int:
         return int(self.src.size(0))
 
+    def pin_memory(self) -> "Batch":
+        """Page-locked copies, so that `to(cuda)` copies asynchronously."""
+        return Batch(self.src.pin_memory(), self.prev.pin_memory(), self.target.pin_memory(), self.n_src_tokens, self.n_tgt_tokens)
+
     def to(self, device: torch.device) -> "Batch":
         nb = device.type == "cuda"
         return Batch(self.src.to(device, non_blocking=nb), self.prev.to(device, non_blocking=nb),
@@ -59,52 +63,74 @@ def make_batches(
 
     Pairs are sorted by (target length, source length) with random tie-breaking, cut greedily
     so that (sentences x longest side + 1) stays within `max_tokens` on both sides, and the
-    batch order is shuffled.
+    batch order is shuffled. A pair too long for `max_tokens` on its own is a batch of one.
     """
     rng = np.random.default_rng([seed, epoch])
     idx = indices[rng.permutation(len(indices))]
-    idx = idx[np.lexsort((src_sizes[idx], tgt_sizes[idx]))]  # stable: random ties
-    src_len = src_sizes[idx] + 1
-    tgt_len = tgt_sizes[idx] + 1
-    batches: list[np.ndarray] = []
-    start, n = 0, len(idx)
-    max_src = max_tgt = 0
-    for i in range(n):
-        s, t = src_len[i], tgt_len[i]
-        new_src, new_tgt = max(max_src, s), max(max_tgt, t)
-        count = i - start + 1
-        too_big = count * new_src > max_tokens or count * new_tgt > max_tokens
-        too_many = max_sentences is not None and count > max_sentences
-        if (too_big or too_many) and count > 1:
-            batches.append(idx[start:i])
-            start, max_src, max_tgt = i, s, t
-        else:
-            max_src, max_tgt = new_src, new_tgt
-    if start < n:
-        batches.append(idx[start:])
-    order = rng.permutation(len(batches))
-    return [batches[j] for j in order]
+    if len(idx) == 0:
+        return []
+    # One stable sort on a combined key equals np.lexsort((src, tgt)): ties stay in random order.
+    src_len = src_sizes[idx].astype(np.int64) + 1
+    tgt_len = tgt_sizes[idx].astype(np.int64) + 1
+    by_length = np.argsort(tgt_len * (int(src_len.max()) + 1) + src_len, kind="stable")
+    idx, src_len, tgt_len = idx[by_length], src_len[by_length], tgt_len[by_length]
+    batches = np.split(idx, _greedy_batch_ends(src_len, tgt_len, max_tokens, max_sentences)[:-1])
+    return [batches[j] for j in rng.permutation(len(batches))]
+
+
+def _greedy_batch_ends(src_len: np.ndarray, tgt_len: np.ndarray, max_tokens: int, max_sentences: int | None) -> list[int]:
+    """End positions of the greedy cut over length-sorted pairs (lengths with eos/bos).
+
+    A batch starting at `start` takes pairs while count x running max length fits on both
+    sides. Target lengths never decrease, so a batch holds at most max_tokens // tgt_len[start]
+    pairs: each cut is found with numpy over that window alone, which keeps a 4.5M-pair
+    epoch to about a second instead of a Python step per pair.
+    """
+    n = len(src_len)
+    cap = max(max_sentences if max_sentences is not None else n, 1)
+    ends: list[int] = []
+    start = 0
+    while start < n:
+        # Adding pair start + k makes k + 1 pairs; by k = `sure` the cut is certain.
+        sure = max(min(max_tokens // max(int(src_len[start]), int(tgt_len[start])), cap), 1)
+        last = min(sure, n - 1 - start)
+        end = n
+        if last > 0:
+            count = np.arange(2, last + 2)
+            src_max = np.maximum.accumulate(src_len[start : start + last + 1])[1:]
+            over = (count * src_max > max_tokens) | (count * tgt_len[start + 1 : start + last + 1] > max_tokens) | (count > cap)
+            if over.any():
+                end = start + 1 + int(np.argmax(over))
+        ends.append(end)
+        start = end
+    return ends
 
 
 def collate(src: TokenArray, tgt: TokenArray, ids: np.ndarray) -> Batch:
     """Pad one batch: sources get eos, decoder inputs bos + target, outputs target + eos."""
-    src_seqs = [src[i] for i in ids]
-    tgt_seqs = [tgt[i] for i in ids]
-    B = len(ids)
-    S = max(len(s) for s in src_seqs) + 1
-    T = max(len(t) for t in tgt_seqs) + 1
-    src_arr = np.full((B, S), PAD_ID, dtype=np.int64)
-    prev_arr = np.full((B, T), PAD_ID, dtype=np.int64)
-    tgt_arr = np.full((B, T), PAD_ID, dtype=np.int64)
-    n_src = n_tgt = 0
-    for b, (s, t) in enumerate(zip(src_seqs, tgt_seqs)):
-        ls, lt = len(s), len(t)
-        src_arr[b, :ls] = s
-        src_arr[b, ls] = EOS_ID
-        prev_arr[b, 0] = BOS_ID
-        prev_arr[b, 1 : lt + 1] = t
-        tgt_arr[b, :lt] = t
-        tgt_arr[b, lt] = EOS_ID
-        n_src += ls + 1
-        n_tgt += lt + 1
-    return Batch(torch.from_numpy(src_arr), torch.from_numpy(prev_arr), torch.from_numpy(tgt_arr), n_src, n_tgt)
+    ids = np.asarray(ids, dtype=np.int64)
+    src_ids, src_lens = _padded(src, ids, extra=1)  # (B, S): sentence, then room for eos
+    tgt_ids, tgt_lens = _padded(tgt, ids, extra=1)  # (B, T)
+    rows = np.arange(len(ids))
+    src_ids[rows, src_lens] = EOS_ID
+    prev = np.empty_like(tgt_ids)  # bos + target, shifted right
+    prev[:, 0] = BOS_ID
+    prev[:, 1:] = tgt_ids[:, :-1]
+    tgt_ids[rows, tgt_lens] = EOS_ID
+    return Batch(torch.from_numpy(src_ids), torch.from_numpy(prev), torch.from_numpy(tgt_ids),
+                 int(src_lens.sum()) + len(ids), int(tgt_lens.sum()) + len(ids))
+
+
+def _padded(side: TokenArray, ids: np.ndarray, extra: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sentences `ids` of one side, left-aligned in a PAD_ID array with `extra` spare columns,
+    gathered in one vectorised read of the memory-mapped ids; and their lengths."""
+    starts = np.asarray(side.offsets[ids], dtype=np.int64)
+    lens = np.asarray(side.offsets[ids + 1], dtype=np.int64) - starts
+    width = int(lens.max(initial=0)) + extra
+    out = np.full((len(ids), width), PAD_ID, dtype=np.int64)
+    total = int(lens.sum())
+    if total:
+        row = np.repeat(np.arange(len(ids)), lens)
+        col = np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)
+        out[row, col] = side.tokens[starts[row] + col]
+    return out, lens
