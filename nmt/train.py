@@ -34,6 +34,7 @@ import torch
 from nmt import distributed as dist_util
 from nmt import train_policy
 from nmt.atomic import remove_leftover_temps
+from nmt.batch_stream import BatchStream, PreparedUpdate
 from nmt.batching import collate, make_batches, usable_indices
 from nmt.checkpoint import CHECKPOINT_VERSION
 from nmt.checkpoints_dir import CheckpointManager
@@ -364,10 +365,16 @@ class Trainer:
             mine.append((collate(d.src, d.tgt, group[0]), 0.0))
         return mine
 
-    def train_step(self, group: list[np.ndarray]) -> Optional[dict[str, float]]:
-        """One update through the engine; None when it was skipped (non-finite)."""
+    def train_step(self, group: list[np.ndarray] | PreparedUpdate) -> Optional[dict[str, float]]:
+        """One update through the engine, from a group of batch ids or a batch stream's prepared
+        update; None when it was skipped (non-finite)."""
         update = self.state.update + 1
-        out = self.engine.step(self.micro_batches(group), self.lr_at(update))
+        if isinstance(group, PreparedUpdate):
+            micro = [(b, 1.0) for b in group.batches]
+            micro += [(group.filler, 0.0)] * (group.micro_steps - len(group.batches))
+        else:
+            micro = self.micro_batches(group)
+        out = self.engine.step(micro, self.lr_at(update))
         if isinstance(out, SkippedStep):
             self.state.consecutive_skips += 1
             if self.state.consecutive_skips >= self.cfg.max_skips:
@@ -459,13 +466,16 @@ class Trainer:
             with InterruptFlag() as interrupt:
                 while stopped is None:
                     stopped = self._run_epoch(clock, interrupt)
-        except BaseException:
-            # A crash (full disk, out of memory, a second Ctrl-C) keeps the logs as they were at
-            # the last checkpoint: the updates after it will be done, and logged, again. A launch
-            # that saved nothing leaves them exactly as it found them.
+        except (OSError, KeyboardInterrupt, MemoryError):
+            # A fault from outside (full disk, read-only folder, a second Ctrl-C) keeps the logs as
+            # they were at the last checkpoint: the updates after it will be done, and logged,
+            # again. A launch that saved nothing leaves them exactly as it found them.
             self.logger.close()
             if ctx.is_main:
                 restore_logs(self.rd.log_dir, self.saved_log_offsets, {} if self.saved_this_launch else self._cut_logs)
+            raise
+        except BaseException:  # training's own stop (divergence, OOM advice): its records stay
+            self.logger.close()
             raise
         self._log_stop(stopped)
         if stopped == "interrupted":
@@ -498,13 +508,22 @@ class Trainer:
             s.epoch, s.updates_in_epoch = s.epoch + 1, 0
             self.logger.epoch_end()
             return None
-        for g in range(s.updates_in_epoch, len(groups)):
-            out = self.train_step(groups[g])
+        d = self.train_data
+        with BatchStream(d.src, d.tgt, groups, rank=self.ctx.rank, world_size=self.ctx.world_size,
+                         device=self.device, start=s.updates_in_epoch) as stream:
+            return self._run_updates(stream, len(groups), clock, interrupt)
+
+    def _run_updates(self, stream: BatchStream, n_groups: int, clock: TrainingClock, interrupt: InterruptFlag) -> Optional[str]:
+        """Train on the prepared updates of one epoch, deciding after each what to do next."""
+        cfg, s = self.cfg, self.state
+        for prepared in stream:
+            g = prepared.position
+            out = self.train_step(prepared)
             s.updates_in_epoch = g + 1
             s.train_time, interrupted = self._shared_clock(clock, interrupt)
             if out is not None:
                 self.logger.train_update(s, out)
-            epoch_end = g + 1 == len(groups)
+            epoch_end = g + 1 == n_groups
             decision = train_policy.after_update(cfg, s, epoch_end, s.train_time, interrupted)
             if out is None and not (decision.stop or epoch_end):
                 continue

@@ -66,11 +66,8 @@ MULTI30K_TINY = {
 def test_multi30k_recipe_runs_the_whole_chain_and_a_second_run_does_not_retrain(multi30k_dir: Path, tmp_path: Path):
     run = tmp_path / "run"
     env = {**MULTI30K_TINY, "MULTI30K_DIR": str(multi30k_dir), "RUN_DIR": str(run), "MULTI30K_URL": UNREACHABLE}
-    start = time.monotonic()
     first = run_recipe("multi30k", env, timeout=300)
-    first_s = time.monotonic() - start
     assert first.returncode == 0, first.stderr[-3000:]
-    assert first_s < 180, f"the tiny recipe took {first_s:.0f}s"
 
     # every step is shown as the exact command before it runs
     for command in ("$ nmt preprocess ", "$ nmt train ", "$ nmt average-checkpoints ", "$ nmt translate ",
@@ -99,21 +96,17 @@ def test_multi30k_recipe_runs_the_whole_chain_and_a_second_run_does_not_retrain(
     checkpoint = run / "checkpoints" / "checkpoint_last.pt"
     stamp = checkpoint.stat().st_mtime_ns
     log_lines = (run / "logs" / "train.jsonl").read_text(encoding="utf-8").count("\n")
-    start = time.monotonic()
     second = run_recipe("multi30k", env, timeout=120)
-    second_s = time.monotonic() - start
     assert second.returncode == 0, second.stderr[-3000:]
     said = " ".join(second.stderr.split())  # rich wraps long lines
     assert "already preprocessed with the same settings" in said
     assert "training already finished" in said
     assert checkpoint.stat().st_mtime_ns == stamp
     assert (run / "logs" / "train.jsonl").read_text(encoding="utf-8").count("\n") == log_lines
-    assert second_s < first_s
     assert json.loads((run / "summary.json").read_text(encoding="utf-8"))["bleu"] == summary["bleu"]
 
 
 def test_multi30k_recipe_without_network_or_multi30k_dir_stops_at_once_naming_the_variable(tmp_path: Path):
-    start = time.monotonic()
     proc = run_recipe("multi30k", {"RUN_DIR": str(tmp_path / "run"), "MULTI30K_URL": UNREACHABLE}, timeout=60)
     assert proc.returncode == 1
     lines = stderr_lines(proc)
@@ -223,7 +216,6 @@ WMT_TINY = {
 def test_wmt14_recipe_runs_offline_on_a_fake_wmt14_directory(tmp_path: Path):
     data = make_fake_wmt14(tmp_path / "wmt14")
     run = tmp_path / "run"
-    start = time.monotonic()
     proc = run_recipe("wmt14_ende", {**WMT_TINY, "WMT14_DIR": str(data), "RUN_DIR": str(run)}, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert time.monotonic() - start < 120
