@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from nmt.errors import NmtError
 
 LENPEN_STYLES = ("gnmt", "avg")
+BEAM_STYLES = ("t2t", "fairseq", "shrink")
 AMP_CHOICES = ("auto", "none", "bf16", "fp16")
 
 
@@ -22,7 +23,16 @@ def _f(default: object, help: str) -> object:
 class SearchConfig:
     """Beam search settings; the paper's by default (Section 6.1). The CLI flags come from here."""
 
-    beam: int = _f(4, "Beam size: hypotheses searched per sentence (paper: 4); 1 is greedy search.")
+    beam: int = _f(4, "Beam size: hypotheses searched per sentence (paper: 4).")
+    beam_style: str = _f(
+        "t2t",
+        "t2t: the paper's search, as tensor2tensor's beam_search.py: k hypotheses stay alive, chosen from the 2k "
+        "best extensions, the k best finished ones are kept, and a sentence stops when no alive hypothesis can "
+        "still beat them under the length penalty (the result is the best hypothesis this search can reach). "
+        "fairseq: as fairseq's sequence_generator and CTranslate2 (patience 1): k stay alive and a sentence stops "
+        "once k have finished. shrink: as dl4mt/Nematus: each finished hypothesis takes its slot with it, the "
+        "beam narrows until none is left (beam 1 is greedy search).",
+    )
     lenpen: float = _f(0.6, "Length penalty alpha (paper: 0.6); 0 ranks hypotheses by log-probability alone.")
     lenpen_style: str = _f(
         "gnmt",
@@ -40,6 +50,8 @@ class SearchConfig:
             raise NmtError(f"--nbest must be between 1 and --beam ({self.beam}), not {self.nbest}")
         if self.max_len_a < 0:
             raise NmtError(f"--max-len-a must not be negative, not {self.max_len_a}")
+        if self.beam_style not in BEAM_STYLES:
+            raise NmtError(f"unknown --beam-style {self.beam_style!r}; choose one of {', '.join(BEAM_STYLES)}")
         if self.lenpen_style not in LENPEN_STYLES:
             raise NmtError(f"unknown --lenpen-style {self.lenpen_style!r}; choose one of {', '.join(LENPEN_STYLES)}")
         if not math.isfinite(self.lenpen):
