@@ -137,12 +137,7 @@ class Translator:
                 ids[i] = seq[:limit]
                 self.truncated += 1
 
-        hyps: list[list[Hypothesis]] = [[] for _ in ids]
-        for batch in self._batches(ids):
-            src = self._source_tensor([ids[i] for i in batch])
-            for i, found in zip(batch, beam_search(self.models, src, self.search)):
-                hyps[i] = found
-
+        hyps = self._search(ids)
         flat = [h.tokens for found in hyps for h in found]
         decoded = self.tgt_tokenizer.decode(flat) if flat else []
         if self.moses_langs is not None and decoded:
@@ -159,6 +154,15 @@ class Translator:
             self.target_tokens += len(found[0].tokens) + 1
             out.append(Translation(nbest[0][0], nbest[0][1], nbest))
         return out
+
+    def _search(self, ids: list[list[int]]) -> list[list[Hypothesis]]:
+        """The best hypotheses of every line's token ids, in order; none for an empty line."""
+        hyps: list[list[Hypothesis]] = [[] for _ in ids]
+        for batch in self._batches(ids):
+            src = self._source_tensor([ids[i] for i in batch])
+            for i, found in zip(batch, beam_search(self.models, src, self.search)):
+                hyps[i] = found
+        return hyps
 
     def _batches(self, ids: list[list[int]]) -> Iterator[list[int]]:
         """Indices of non-empty lines, longest first, in batches of at most max_tokens padded source tokens."""
@@ -230,6 +234,16 @@ def load_translator(
             tokenizers[rel] = load_tokenizer(run.root / rel, num_threads=cfg.threads)
     src_tok, tgt_tok = tokenizers[record["vocab"][src_lang]], tokenizers[record["vocab"][tgt_lang]]
 
+    moses = (src_lang, tgt_lang) if record.get("moses") else None
+    if cfg.engine == "ctranslate2":
+        from nmt.translate_ctranslate2 import CTranslate2Translator, cached_model_dir, check_search_for_ctranslate2
+
+        check_search_for_ctranslate2(search)
+        if len(paths) > 1:
+            raise NmtError("--engine ctranslate2 translates with one checkpoint; ensembles need --engine nmt")
+        model_dir = Path(cfg.ct2_model) if cfg.ct2_model else cached_model_dir(run, paths[0])[0]
+        return CTranslate2Translator(model_dir, src_tok, tgt_tok, search, cfg, moses_langs=moses, checkpoints=paths)
+
     models = []
     for path in paths:
         model = load_model(path, device, dtype)
@@ -240,5 +254,4 @@ def load_translator(
                     f"translate with the run directory the checkpoint was trained in"
                 )
         models.append(model)
-    moses = (src_lang, tgt_lang) if record.get("moses") else None
     return Translator(models, src_tok, tgt_tok, search, cfg, moses_langs=moses, checkpoints=paths)

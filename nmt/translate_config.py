@@ -13,6 +13,7 @@ from nmt.errors import NmtError
 LENPEN_STYLES = ("gnmt", "avg")
 BEAM_STYLES = ("t2t", "fairseq", "shrink")
 AMP_CHOICES = ("auto", "none", "bf16", "fp16")
+ENGINES = ("nmt", "ctranslate2")
 
 
 def _f(default: object, help: str) -> object:
@@ -72,6 +73,14 @@ class TranslateConfig:
     device: str = _f("auto", "auto (a GPU when there is one), cpu, cuda or cuda:N.")
     threads: int = _f(0, "CPU threads for the model and the tokenizer (0: PyTorch's default, one per core).")
     amp: str = _f("auto", "Weights and activations in bf16 or fp16 (auto: bf16 on a GPU that supports it, else fp32); scores stay fp32.")
+    engine: str = _f(
+        "nmt",
+        "nmt: this package's decoder. ctranslate2: CTranslate2 (pip install 'nmt[ct2]') on the model exported by "
+        "`nmt export --format ctranslate2` (--ct2-model), or exported first into RUN/ctranslate2/; it searches "
+        "with its own rule only: pass --beam-style fairseq --lenpen-style avg.",
+    )
+    ct2_model: str = _f("", "CTranslate2 model directory for --engine ctranslate2 (default: RUN/ctranslate2/CHECKPOINT, exported when missing or older than the checkpoint).")
+    ct2_compute_type: str = _f("default", "CTranslate2 compute type (default: the exported weights' type; int8, int8_float32, float32, bfloat16, ...).")
 
     def validate(self) -> None:
         if self.max_tokens < 1 or self.buffer_size < 1:
@@ -80,5 +89,7 @@ class TranslateConfig:
             raise NmtError(f"--encoding-errors must be strict or replace, not {self.encoding_errors!r}")
         if self.amp not in AMP_CHOICES:
             raise NmtError(f"--amp must be one of {', '.join(AMP_CHOICES)}, not {self.amp!r}")
+        if self.engine not in ENGINES:
+            raise NmtError(f"--engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
         if self.threads < 0:
             raise NmtError(f"--threads must not be negative, not {self.threads}")
