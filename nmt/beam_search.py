@@ -102,17 +102,26 @@ def max_output_lengths(src_tokens: Tensor, cfg: SearchConfig, max_positions: int
 def _next_scores(models: Sequence[Transformer], states: Sequence[DecoderState], tokens: Tensor) -> tuple[Tensor, Tensor]:
     """Next-token scores (R, V) float32 and per-row normalizers (R,): log P = scores - norm.
 
-    One model: scores are the logits and norm their log-sum-exp, so the full (R, V)
-    log-softmax is never written. An ensemble averages its members' log-probabilities.
+    One model: scores are the logits (pad and bos set to -inf, since they are never
+    generated) and norm their log-sum-exp over the whole vocabulary, computed in place on a
+    copy-free pass, so no (R, V) log-softmax is ever written. An ensemble averages its
+    members' log-probabilities.
     """
     if len(models) == 1:
-        logits = models[0].decode_step(tokens, states[0]).float()
-        return logits, torch.logsumexp(logits, dim=-1)
+        logits = models[0].decode_step(tokens, states[0])
+        peak = logits.amax(1, keepdim=True)  # (R, 1)
+        shifted = logits - peak
+        norm = peak[:, 0] + shifted.exp_().sum(1).log_()
+        logits[:, PAD_ID] = float("-inf")
+        logits[:, BOS_ID] = float("-inf")
+        return logits, norm
     total = None
     for model, state in zip(models, states):
-        lprobs = F.log_softmax(model.decode_step(tokens, state).float(), dim=-1)
+        lprobs = F.log_softmax(model.decode_step(tokens, state), dim=-1)
         total = lprobs if total is None else total.add_(lprobs)
     total.div_(len(models))
+    total[:, PAD_ID] = float("-inf")
+    total[:, BOS_ID] = float("-inf")
     return total, total.new_zeros(total.size(0))
 
 
@@ -178,8 +187,6 @@ def beam_search(
     while True:
         n_active = sent_id.numel()
         scores, norm = _next_scores(models, states, tokens)  # (rows, V), (rows,)
-        scores[:, PAD_ID] = neg_inf  # never generated; they still count in the normalizer
-        scores[:, BOS_ID] = neg_inf
 
         # The sentence's best n_cand extensions, from its rows' best per_row.
         row_vals, row_tok = _row_topk(scores, per_row)  # (rows, per_row)
