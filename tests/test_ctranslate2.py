@@ -12,7 +12,7 @@ from conftest import assert_one_line_error, run_nmt
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
-N_LINES = 300
+N_LINES = 200
 
 
 @pytest.fixture(scope="module")
