@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_REQ)"
-	$(BIN)/python -m pip install --quiet -e ".[test,plot,tensorboard]"
+	$(BIN)/python -m pip install --quiet -e ".[test,plot,tensorboard,ct2]"
 	touch $(STAMP)
 
 test: install

@@ -88,6 +88,8 @@ def register(app: typer.Typer) -> None:
         translator = load_translator(run_dir, checkpoints, search, cfg, sampling)
         say(("checkpoint " if len(translator.checkpoints) == 1 else "ensemble of ")
             + ", ".join(map(str, translator.checkpoints)))
+        if cfg.engine == "ctranslate2":
+            say(f"CTranslate2 model {translator.model_dir}")
 
         out = text_stdout()
         bar = None

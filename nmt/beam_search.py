@@ -1,23 +1,32 @@
 """Beam search with length penalty (Section 6.1 of the paper: beam 4, alpha 0.6).
 
-The search runs over whole tensors: all sentences of a batch and all their hypotheses are
-rows of one decoder batch, advanced one token per step with the model's key/value cache
-(`Transformer.decode_step`); the encoder and its keys/values run once per sentence.
+The search runs over whole tensors: every sentence of a batch owns `beam` adjacent rows of
+one decoder batch (dead rows carry log-probability -inf), advanced one token per step with
+the model's key/value cache (`Transformer.decode_step`); the encoder and its keys/values run
+once per sentence and are shared by the sentence's rows, never copied per row.
 
 One step, for every sentence at once:
-  1. log-probabilities of the next token for every alive hypothesis: logits and one
-     log-sum-exp per row, never a written-out (rows, V) log-softmax (an ensemble averages
-     its members' log-probabilities);
-  2. the sentence's beam is its `width` best one-token extensions by log-probability (all
-     have the same length, so the length penalty would not change their order);
-  3. an extension that ends in eos leaves the beam for the finished set, scored with the
-     length penalty, and takes its slot with it (the beam narrows by one, as in dl4mt and
-     Nematus), so `beam 1` is exactly greedy search;
-  4. a sentence stops when its width reaches 0, at its maximum length (eos is forced there),
-     or -- exact early termination -- when no alive hypothesis can still beat the n-th best
-     finished one: log-probabilities only fall as a hypothesis grows, so the best any
-     extension of an alive hypothesis can score is its log-probability over the largest
-     penalty among the lengths it may still reach.
+  1. log-probabilities of the next token for every row: logits (float32 even under bf16
+     weights) and one log-sum-exp per row, never a written-out (rows, V) log-softmax (an
+     ensemble averages its members' log-probabilities);
+  2. the sentence's candidates are its best one-token extensions by log-probability (all
+     have the same length, so the length penalty would not change their order): 2k of them
+     for `t2t` and `fairseq`, k for `shrink`;
+  3. the style decides which candidates ending in eos join the finished set (scored with the
+     length penalty) and which k stay alive (--beam-style; see `SearchConfig.beam_style`):
+       t2t (tensor2tensor's beam_search.py, the paper's code): every eos candidate among
+         the 2k may finish; the k best non-eos candidates stay alive;
+       fairseq (fairseq's sequence_generator; CTranslate2 with patience 1): eos candidates
+         among the k best finish; the k best non-eos candidates stay alive; the sentence
+         stops once k hypotheses have finished;
+       shrink (dl4mt, Nematus): eos candidates among the `width` best finish and take
+         their slot with them, so the beam narrows (beam 1 is greedy search);
+  4. a sentence stops at its maximum length (eos is forced there, as in fairseq), when no
+     hypothesis is alive, by its style's rule, or -- exact early termination, t2t's rule,
+     applied to every style because it never changes a result -- when no alive hypothesis
+     can still beat the n-th best finished one: log-probabilities only fall as a hypothesis
+     grows, so the best any extension of an alive hypothesis can score is its
+     log-probability over the largest penalty among the lengths it may still reach.
 Finished sentences leave the batch (their rows are dropped from the decoder state), so the
 late steps of a batch cost only what is still being searched.
 
@@ -93,17 +102,26 @@ def max_output_lengths(src_tokens: Tensor, cfg: SearchConfig, max_positions: int
 def _next_scores(models: Sequence[Transformer], states: Sequence[DecoderState], tokens: Tensor) -> tuple[Tensor, Tensor]:
     """Next-token scores (R, V) float32 and per-row normalizers (R,): log P = scores - norm.
 
-    One model: scores are the logits and norm their log-sum-exp, so the full (R, V)
-    log-softmax is never written. An ensemble averages its members' log-probabilities.
+    One model: scores are the logits (pad and bos set to -inf, since they are never
+    generated) and norm their log-sum-exp over the whole vocabulary, computed in place on a
+    copy-free pass, so no (R, V) log-softmax is ever written. An ensemble averages its
+    members' log-probabilities.
     """
     if len(models) == 1:
-        logits = models[0].decode_step(tokens, states[0]).float()
-        return logits, torch.logsumexp(logits, dim=-1)
+        logits = models[0].decode_step(tokens, states[0])
+        peak = logits.amax(1, keepdim=True)  # (R, 1)
+        shifted = logits - peak
+        norm = peak[:, 0] + shifted.exp_().sum(1).log_()
+        logits[:, PAD_ID] = float("-inf")
+        logits[:, BOS_ID] = float("-inf")
+        return logits, norm
     total = None
     for model, state in zip(models, states):
-        lprobs = F.log_softmax(model.decode_step(tokens, state).float(), dim=-1)
+        lprobs = F.log_softmax(model.decode_step(tokens, state), dim=-1)
         total = lprobs if total is None else total.add_(lprobs)
     total.div_(len(models))
+    total[:, PAD_ID] = float("-inf")
+    total[:, BOS_ID] = float("-inf")
     return total, total.new_zeros(total.size(0))
 
 
@@ -130,104 +148,117 @@ def beam_search(
     """Translate a batch: src_tokens (N, S) right-padded with pad, eos-terminated.
 
     Returns, per sentence, its `cfg.nbest` best finished hypotheses, best first.
-    `stop_early=False` searches every sentence to its width or length limit; results are the
-    same (that is what makes the early termination exact), only slower.
+    `stop_early=False` searches every sentence until its style's own rule stops it (t2t: to
+    its length limit); results are the same (that is what makes the early termination
+    exact), only slower.
     """
     models = [models] if isinstance(models, Transformer) else list(models)
     cfg.validate()
     if len({m.cfg.tgt_vocab_size for m in models}) != 1:
         raise NmtError("the ensembled checkpoints have different target vocabularies; ensemble models of one run")
     lp = LengthPenalty(cfg.lenpen, cfg.lenpen_style)
+    style, k, nbest = cfg.beam_style, cfg.beam, cfg.nbest
     device = src_tokens.device
     n_sent = src_tokens.size(0)
-    k = cfg.beam
     vocab = models[0].cfg.tgt_vocab_size
-    w = min(k, vocab)  # candidates taken from each row: a sentence's best k lie among its rows' best k
+    n_cand = k if style == "shrink" else 2 * k
+    per_row = min(n_cand, vocab)  # a sentence's best n_cand extensions lie among its rows' best per_row
+    n_cand = min(n_cand, k * per_row)
     neg_inf = float("-inf")
 
-    states = [m.init_decoder_state(m.encode(src_tokens)) for m in models]
+    states = [m.init_decoder_state(m.encode(src_tokens), beam=k) for m in models]
 
     # Per active sentence.
     sent_id = torch.arange(n_sent, device=device)  # index into the batch
     max_len = max_output_lengths(src_tokens, cfg, min(m.cfg.max_positions for m in models))
-    width = torch.full((n_sent,), k, dtype=torch.long, device=device)  # beam slots still open
-    nth_best = torch.full((n_sent, cfg.nbest), neg_inf, device=device)  # best finished scores, sorted
-    # Per alive hypothesis (row of the decoder batch); one row per sentence to start (bos).
-    row_sent = torch.arange(n_sent, device=device)
-    row_slot = torch.zeros(n_sent, dtype=torch.long, device=device)
-    row_logp = torch.zeros(n_sent, device=device)
-    history = torch.empty(n_sent, 0, dtype=torch.long, device=device)  # (R, t) tokens so far
-    tokens = torch.full((n_sent,), BOS_ID, dtype=torch.long, device=device)
+    width = torch.full((n_sent,), k, dtype=torch.long, device=device)  # shrink: beam slots still open
+    n_finished = torch.zeros(n_sent, dtype=torch.long, device=device)
+    nth_best = torch.full((n_sent, nbest), neg_inf, device=device)  # best finished scores, sorted
+    # Per row: k per sentence; only the first is alive at the start (bos).
+    logp = torch.full((n_sent, k), neg_inf, device=device)
+    logp[:, 0] = 0.0
+    first_row = torch.arange(n_sent, device=device)[:, None] * k  # (N, 1)
+    tokens = torch.full((n_sent * k,), BOS_ID, dtype=torch.long, device=device)
+    history = torch.empty(n_sent * k, 0, dtype=torch.long, device=device)  # (rows, t) tokens so far
     finished: list[list[tuple[float, float, list[int]]]] = [[] for _ in range(n_sent)]
-    ranks = torch.arange(k, device=device)
+    rank = torch.arange(n_cand, device=device)
 
     step = 0
     while True:
-        n_active, n_rows = sent_id.numel(), tokens.numel()
-        scores, norm = _next_scores(models, states, tokens)  # (R, V), (R,)
-        scores[:, PAD_ID] = neg_inf  # never generated; they still count in the normalizer
-        scores[:, BOS_ID] = neg_inf
+        n_active = sent_id.numel()
+        scores, norm = _next_scores(models, states, tokens)  # (rows, V), (rows,)
 
-        # The best k extensions of each sentence, from its rows' best w.
-        row_vals, row_tok = _row_topk(scores, w)  # (R, w)
+        # The sentence's best n_cand extensions, from its rows' best per_row.
+        row_vals, row_tok = _row_topk(scores, per_row)  # (rows, per_row)
         row_vals -= norm[:, None]
-        at_limit = max_len[row_sent] == step  # (R,) only eos may follow
+        at_limit = max_len == step  # (N,) only eos may follow
         if bool(at_limit.any()):
-            eos = scores[at_limit, EOS_ID] - norm[at_limit]
-            row_vals[at_limit] = neg_inf
-            row_vals[at_limit, 0] = eos
-            row_tok[at_limit, 0] = EOS_ID
-        row_vals += row_logp[:, None]
-        grid = torch.full((n_active, k, w), neg_inf, device=device)
-        grid[row_sent, row_slot] = row_vals
-        row_of = torch.zeros((n_active, k), dtype=torch.long, device=device)
-        row_of[row_sent, row_slot] = torch.arange(n_rows, device=device)
-        cand_logp, cand_pos = grid.view(n_active, k * w).topk(k, dim=1)  # (n_active, k), sorted
-        parent = row_of.gather(1, cand_pos // w)  # (n_active, k) row each candidate extends
-        cand_tok = row_tok[parent, cand_pos % w]
-        in_beam = (ranks[None, :] < width[:, None]) & (cand_logp > neg_inf)
+            rows = at_limit.repeat_interleave(k)
+            eos = scores[rows, EOS_ID] - norm[rows]
+            row_vals[rows] = neg_inf
+            row_vals[rows, 0] = eos
+            row_tok[rows, 0] = EOS_ID
+        row_vals += logp.view(-1, 1)
+        cand_logp, cand_pos = row_vals.view(n_active, k * per_row).topk(n_cand, dim=1)  # sorted, best first
+        cand_slot = cand_pos // per_row  # which of the sentence's rows each candidate extends
+        cand_tok = row_tok.view(n_active, k * per_row).gather(1, cand_pos)
+        valid = cand_logp > neg_inf
         is_eos = cand_tok == EOS_ID
-        ends, grows = in_beam & is_eos, in_beam & ~is_eos
+        grows = valid & ~is_eos
+        ends = valid & is_eos
+        if style == "fairseq":
+            ends &= rank < k
+        elif style == "shrink":
+            in_beam = rank < width[:, None]
+            ends &= in_beam
+            grows &= in_beam
+
+        # The k best growing candidates stay alive (rows of a sentence keep candidate order).
+        pick = torch.where(grows, rank, rank + n_cand).topk(k, dim=1, largest=False).indices  # (N, k)
+        alive = grows.gather(1, pick)
+        new_logp = torch.where(alive, cand_logp.gather(1, pick), neg_inf)
+        parent = first_row + cand_slot.gather(1, pick)  # (N, k) row each survivor extends
+        new_tokens = cand_tok.gather(1, pick)
 
         if bool(ends.any()):
-            length = step + 1  # |Y|: tokens so far plus eos
-            end_scores = torch.where(ends, lp.score(cand_logp, float(length)), neg_inf)
-            nth_best = torch.cat([nth_best, end_scores], dim=1).topk(cfg.nbest, dim=1).values
-            width = width - ends.sum(1)
+            end_scores = torch.where(ends, lp.score(cand_logp, float(step + 1)), neg_inf)  # |Y|: tokens + eos
+            nth_best = torch.cat([nth_best, end_scores], dim=1).topk(nbest, dim=1).values
+            n_ends = ends.sum(1)
+            n_finished += n_ends
+            width -= n_ends
             e_sent, e_rank = ends.nonzero(as_tuple=True)
-            e_hist = history[parent[e_sent, e_rank]].tolist()
+            e_hist = history[first_row[e_sent, 0] + cand_slot[e_sent, e_rank]].tolist()
             e_ids = sent_id[e_sent].tolist()
             e_scores, e_logp = end_scores[e_sent, e_rank].tolist(), cand_logp[e_sent, e_rank].tolist()
             for i, score, log_prob, hist in zip(e_ids, e_scores, e_logp, e_hist):
                 finished[i].append((score, log_prob, hist))
 
-        done = (width == 0) | ~grows.any(1)
+        done = at_limit | ~alive[:, 0]
+        if style == "fairseq":
+            done |= n_finished >= k
         if stop_early:
-            best_alive = torch.where(grows, cand_logp, neg_inf).amax(1)
-            longest = lp(max_len + 1).clamp(min=lp(float(step + 2)))  # lp is monotone in |Y|
-            done |= nth_best[:, -1] >= best_alive / longest
+            longest = torch.maximum(lp(max_len + 1), lp(torch.tensor(float(step + 2))))  # lp is monotone in |Y|
+            done |= nth_best[:, -1] >= new_logp[:, 0] / longest
 
-        keep = grows & ~done[:, None]
-        k_sent, k_rank = keep.nonzero(as_tuple=True)  # sentence-major, best first
-        if k_sent.numel() == 0:
+        still = ~done
+        n_still = int(still.sum())
+        if n_still == 0:
             break
-        new_parent = parent[k_sent, k_rank]
-        row_slot = (keep.cumsum(1) - 1)[k_sent, k_rank]
-        if bool(done.any()):
-            still = ~done
-            row_sent = (still.cumsum(0) - 1)[k_sent]
-            sent_id, max_len, width, nth_best = sent_id[still], max_len[still], width[still], nth_best[still]
-        else:
-            row_sent = k_sent
-        tokens = cand_tok[k_sent, k_rank]
-        row_logp = cand_logp[k_sent, k_rank]
-        history = torch.cat([history[new_parent], tokens[:, None]], dim=1)
-        if n_rows != new_parent.numel() or not torch.equal(new_parent, torch.arange(n_rows, device=device)):
-            for state in states:
-                state.reorder(new_parent)
+        sentences = None
+        if n_still < n_active:
+            sentences = still.nonzero().squeeze(1)
+            parent, new_tokens, new_logp = parent[sentences], new_tokens[sentences], new_logp[sentences]
+            sent_id, max_len, width = sent_id[sentences], max_len[sentences], width[sentences]
+            n_finished, nth_best = n_finished[sentences], nth_best[sentences]
+            first_row = first_row[:n_still]
+        rows = parent.view(-1)
+        tokens, logp = new_tokens.view(-1), new_logp
+        history = torch.cat([history[rows], tokens[:, None]], dim=1)
+        for state in states:
+            state.reorder(rows, sentences)
         step += 1
 
     return [
-        [Hypothesis(tokens=h, score=s, log_prob=p) for s, p, h in sorted(hyps, key=lambda x: -x[0])[: cfg.nbest]]
+        [Hypothesis(tokens=h, score=s, log_prob=p) for s, p, h in sorted(hyps, key=lambda x: -x[0])[:nbest]]
         for hyps in finished
     ]

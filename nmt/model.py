@@ -167,25 +167,77 @@ class MultiHeadAttention(nn.Module):
         kv: Optional[tuple[Tensor, Tensor]] = None,
         attn_mask: Optional[Tensor] = None,
         is_causal: bool = False,
-        cache: Optional[dict[str, Tensor]] = None,
+        cache: Optional["SelfAttentionCache"] = None,
     ) -> Tensor:
-        """x: (B, T, d_model). Self-attention uses x for K, V (appending to `cache` when
-        decoding step by step); encoder-decoder attention takes precomputed `kv`."""
+        """x: (B, T, d_model). Self-attention uses x for K, V (written into `cache` when
+        decoding step by step); encoder-decoder attention takes precomputed `kv`, which may
+        hold one entry per sentence for B = sentences x beam rows (a sentence's rows are
+        adjacent): the rows then share their sentence's keys, never copied per row."""
         B, T, D = x.shape
         if self.self_attention:
             q, k, v = (self._heads(t) for t in self.qkv_proj(x).chunk(3, dim=-1))
             if cache is not None:
-                if "k" in cache:
-                    k = torch.cat([cache["k"], k], dim=2)
-                    v = torch.cat([cache["v"], v], dim=2)
-                cache["k"], cache["v"] = k, v
+                k, v = cache.append(k, v)
         else:
             q = self._heads(self.q_proj(x))
             k, v = kv
+            n_sent = k.size(0)
+            if n_sent != B:  # beam rows grouped by sentence: (N, h, beam * T, d_head) queries
+                beam = B // n_sent
+                q = q.view(n_sent, beam, self.n_heads, T, self.d_head).transpose(1, 2).reshape(n_sent, self.n_heads, beam * T, self.d_head)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+                out = out.view(n_sent, self.n_heads, beam, T, self.d_head).permute(0, 2, 3, 1, 4)  # (N, beam, T, h, d_head)
+                return self.out_proj(out.reshape(B, T, D))
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal
         )
         return self.out_proj(out.transpose(1, 2).reshape(B, T, D))  # (B, T, d_model)
+
+
+class SelfAttentionCache:
+    """Keys and values of the tokens decoded so far, (rows, h, capacity, d_head) each.
+
+    Appending writes one step in place; the capacity doubles when full, so a step never
+    copies the whole cache just to grow it (as concatenation would). `reorder` gathers the
+    surviving rows into a second buffer kept for that purpose, so beam steps allocate nothing.
+    """
+
+    def __init__(self) -> None:
+        self.k: Optional[Tensor] = None
+        self.v: Optional[Tensor] = None
+        self.spare: Optional[tuple[Tensor, Tensor]] = None
+        self.length = 0
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add k, v (rows, h, T, d_head) after the cached steps; return views of all steps."""
+        T, end = k.size(2), self.length + k.size(2)
+        if self.k is None or end > self.k.size(2):
+            self._grow(k, max(end, 2 * (self.k.size(2) if self.k is not None else 8)))
+        self.k[:, :, self.length : end] = k
+        self.v[:, :, self.length : end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def _grow(self, like: Tensor, capacity: int) -> None:
+        rows, heads, _, d_head = like.shape
+        k, v = (like.new_empty(rows, heads, capacity, d_head) for _ in range(2))
+        if self.k is not None:
+            k[:, :, : self.length] = self.k[:, :, : self.length]
+            v[:, :, : self.length] = self.v[:, :, : self.length]
+        self.k, self.v, self.spare = k, v, None
+
+    def reorder(self, rows: Tensor) -> None:
+        if self.k is None:
+            return
+        n = rows.numel()
+        if self.spare is None or self.spare[0].size(2) != self.k.size(2) or self.spare[0].size(0) < n:
+            shape = (n, *self.k.shape[1:])
+            self.spare = (self.k.new_empty(shape), self.v.new_empty(shape))
+        new_k, new_v = self.spare[0][:n], self.spare[1][:n]
+        torch.index_select(self.k[:, :, : self.length], 0, rows, out=new_k[:, :, : self.length])
+        torch.index_select(self.v[:, :, : self.length], 0, rows, out=new_v[:, :, : self.length])
+        self.spare = (self.k, self.v)
+        self.k, self.v = new_k, new_v
 
 
 class FeedForward(nn.Module):
@@ -261,22 +313,26 @@ class EncoderOut(NamedTuple):
 
 class DecoderState:
     """What incremental decoding carries between steps: per-layer self-attention caches,
-    the encoder-decoder keys/values (computed once), the source mask and the step."""
+    the encoder-decoder keys/values and source mask (computed once, one entry per sentence,
+    shared by the sentence's `beam` adjacent rows) and the step."""
 
-    def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], memory_mask: Optional[Tensor]):
+    def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], memory_mask: Optional[Tensor], beam: int = 1):
         self.memory_kv = memory_kv
         self.memory_mask = memory_mask
-        self.caches: list[dict[str, Tensor]] = [{} for _ in memory_kv]
+        self.beam = beam
+        self.caches = [SelfAttentionCache() for _ in memory_kv]
         self.step = 0
 
-    def reorder(self, order: Tensor) -> None:
-        """Keep rows `order` (beam search: surviving hypotheses' parents), in that order."""
-        self.memory_kv = [(k.index_select(0, order), v.index_select(0, order)) for k, v in self.memory_kv]
-        if self.memory_mask is not None:
-            self.memory_mask = self.memory_mask.index_select(0, order)
-        for c in self.caches:
-            for name in list(c):
-                c[name] = c[name].index_select(0, order)
+    def reorder(self, rows: Tensor, sentences: Optional[Tensor] = None) -> None:
+        """Continue from `rows` (beam search: the surviving hypotheses' parents), `beam` per
+        sentence; `sentences` (indices, in order) keeps only those sentences, whose rows
+        `rows` must then be."""
+        if sentences is not None:
+            self.memory_kv = [(k.index_select(0, sentences), v.index_select(0, sentences)) for k, v in self.memory_kv]
+            if self.memory_mask is not None:
+                self.memory_mask = self.memory_mask.index_select(0, sentences)
+        for cache in self.caches:
+            cache.reorder(rows)
 
 
 class Transformer(nn.Module):
@@ -346,6 +402,19 @@ class Transformer(nn.Module):
         """Pre-softmax linear transformation to vocabulary logits."""
         return F.linear(hidden, self.output_weight)
 
+    def project_fp32(self, hidden: Tensor) -> Tensor:
+        """Logits in float32 from reduced-precision weights: rounding the logits to bf16 (8
+        bits of mantissa) would tie or swap the candidates a beam search ranks."""
+        source = self.output_weight
+        if source.dtype == torch.float32 and hidden.dtype == torch.float32:
+            return F.linear(hidden, source)
+        key = (source.data_ptr(), source._version)  # a training step changes _version
+        cached = getattr(self, "_output_weight_fp32", None)
+        if cached is None or cached[0] != key:
+            cached = self._output_weight_fp32 = (key, source.detach().float())
+        with torch.autocast(hidden.device.type, enabled=False):
+            return F.linear(hidden.float(), cached[1])
+
     def forward(self, src_tokens: Tensor, prev_tokens: Tensor, return_hidden: bool = False) -> Tensor:
         """Logits (B, T, tgt_vocab) of every next target token; with `return_hidden`, the
         decoder states before the projection (training projects non-pad positions only)."""
@@ -353,19 +422,21 @@ class Transformer(nn.Module):
         return hidden if return_hidden else self.project(hidden)
 
     # -- incremental decoding (beam search) ---------------------------------------------
-    def init_decoder_state(self, enc: EncoderOut) -> DecoderState:
-        """Encoder-decoder keys/values of every layer, computed once for the whole search."""
-        return DecoderState([layer.cross_attn.project_kv(enc.states) for layer in self.decoder_layers], enc.attn_mask)
+    def init_decoder_state(self, enc: EncoderOut, beam: int = 1) -> DecoderState:
+        """Encoder-decoder keys/values of every layer, computed once for the whole search;
+        decoding then runs `beam` rows per sentence."""
+        return DecoderState([layer.cross_attn.project_kv(enc.states) for layer in self.decoder_layers], enc.attn_mask, beam)
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
-        """Feed one token per row (B,), return next-token logits (B, tgt_vocab); advances state."""
+        """Feed one token per row (sentences x beam,), return next-token logits (rows,
+        tgt_vocab) in float32 whatever the weights' dtype (beam search ranks them); advances state."""
         x = self._embed(self.tgt_embed, tokens[:, None], start=state.step)  # (B, 1, d_model)
         for layer, kv, cache in zip(self.decoder_layers, state.memory_kv, state.caches):
             x = layer(x, kv, state.memory_mask, cache=cache)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         state.step += 1
-        return self.project(x[:, 0])
+        return self.project_fp32(x[:, 0])
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -152,12 +152,7 @@ class Translator:
                 ids[i] = seq[:limit]
                 self.truncated += 1
 
-        hyps: list[list[Hypothesis]] = [[] for _ in ids]
-        for batch in self._batches(ids):
-            src = self._source_tensor([ids[i] for i in batch])
-            for i, found in zip(batch, self._decode(src)):
-                hyps[i] = found
-                self.no_hypothesis += not found
+        hyps = self._search(ids)
 
         flat = [h.tokens for found in hyps for h in found]
         decoded = self.tgt_tokenizer.decode(flat) if flat else []
@@ -175,6 +170,17 @@ class Translator:
             self.target_tokens += len(found[0].tokens) + 1
             out.append(Translation(nbest[0][0], nbest[0][1], nbest))
         return out
+
+    def _search(self, ids: list[list[int]]) -> list[list[Hypothesis]]:
+        """The best hypotheses (or one sample) of every line's token ids, in order; none for an
+        empty line. Lines whose search found no finite hypothesis are counted."""
+        hyps: list[list[Hypothesis]] = [[] for _ in ids]
+        for batch in self._batches(ids):
+            src = self._source_tensor([ids[i] for i in batch])
+            for i, found in zip(batch, self._decode(src)):
+                hyps[i] = found
+                self.no_hypothesis += not found
+        return hyps
 
     def _decode(self, src: torch.Tensor) -> list[list[Hypothesis]]:
         if self.sampling is not None:
@@ -254,6 +260,19 @@ def load_translator(
             tokenizers[rel] = load_tokenizer(run.root / rel, num_threads=cfg.threads)
     src_tok, tgt_tok = tokenizers[record["vocab"][src_lang]], tokenizers[record["vocab"][tgt_lang]]
 
-    models = [load_model(path, device, dtype, expected=run_identity(run)) for path in paths]
     moses = (src_lang, tgt_lang) if record.get("moses") else None
+    if cfg.engine == "ctranslate2":
+        from nmt.translate_ctranslate2 import CTranslate2Translator, cached_model_dir, check_search_for_ctranslate2
+
+        check_search_for_ctranslate2(search)
+        if sampling is not None and sampling.sampling:
+            raise NmtError("--sampling needs --engine nmt")
+        if len(paths) > 1:
+            raise NmtError("--engine ctranslate2 translates with one checkpoint; ensembles need --engine nmt")
+        check_identity(checkpoint_identity(load_checkpoint(paths[0])), run_identity(run), f"checkpoint {paths[0]}",
+                       warn=lambda message: print(f"nmt translate: warning: {message}", file=sys.stderr))
+        model_dir = Path(cfg.ct2_model) if cfg.ct2_model else cached_model_dir(run, paths[0])[0]
+        return CTranslate2Translator(model_dir, src_tok, tgt_tok, search, cfg, moses_langs=moses, checkpoints=paths)
+
+    models = [load_model(path, device, dtype, expected=run_identity(run)) for path in paths]
     return Translator(models, src_tok, tgt_tok, search, cfg, moses_langs=moses, checkpoints=paths, sampling=sampling)

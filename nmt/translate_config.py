@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from nmt.errors import NmtError
 
 LENPEN_STYLES = ("gnmt", "avg")
+BEAM_STYLES = ("t2t", "fairseq", "shrink")
 AMP_CHOICES = ("auto", "none", "bf16", "fp16")
+ENGINES = ("nmt", "ctranslate2")
 
 
 def _f(default: object, help: str) -> object:
@@ -22,7 +24,16 @@ def _f(default: object, help: str) -> object:
 class SearchConfig:
     """Beam search settings; the paper's by default (Section 6.1). The CLI flags come from here."""
 
-    beam: int = _f(4, "Beam size: hypotheses searched per sentence (paper: 4); 1 is greedy search.")
+    beam: int = _f(4, "Beam size: hypotheses searched per sentence (paper: 4).")
+    beam_style: str = _f(
+        "t2t",
+        "t2t: the paper's search, as tensor2tensor's beam_search.py: k hypotheses stay alive, chosen from the 2k "
+        "best extensions, the k best finished ones are kept, and a sentence stops when no alive hypothesis can "
+        "still beat them under the length penalty (the result is the best hypothesis this search can reach). "
+        "fairseq: as fairseq's sequence_generator and CTranslate2 (patience 1): k stay alive and a sentence stops "
+        "once k have finished. shrink: as dl4mt/Nematus: each finished hypothesis takes its slot with it, the "
+        "beam narrows until none is left (beam 1 is greedy search).",
+    )
     lenpen: float = _f(0.6, "Length penalty alpha (paper: 0.6); 0 ranks hypotheses by log-probability alone.")
     lenpen_style: str = _f(
         "gnmt",
@@ -42,6 +53,8 @@ class SearchConfig:
             raise NmtError(f"--max-len-a must not be negative, not {self.max_len_a}")
         if self.max_len_b < 0:
             raise NmtError(f"--max-len-b must not be negative, not {self.max_len_b} (it would leave no room for output)")
+        if self.beam_style not in BEAM_STYLES:
+            raise NmtError(f"unknown --beam-style {self.beam_style!r}; choose one of {', '.join(BEAM_STYLES)}")
         if self.lenpen_style not in LENPEN_STYLES:
             raise NmtError(f"unknown --lenpen-style {self.lenpen_style!r}; choose one of {', '.join(LENPEN_STYLES)}")
         if not math.isfinite(self.lenpen):
@@ -62,6 +75,14 @@ class TranslateConfig:
     device: str = _f("auto", "auto (a GPU when there is one), cpu, cuda or cuda:N.")
     threads: int = _f(0, "CPU threads for the model and the tokenizer (0: PyTorch's default, one per core).")
     amp: str = _f("auto", "Weights and activations in bf16 or fp16 (auto: bf16 on a GPU that supports it, else fp32); scores stay fp32.")
+    engine: str = _f(
+        "nmt",
+        "nmt: this package's decoder. ctranslate2: CTranslate2 (pip install 'nmt[ct2]') on the model exported by "
+        "`nmt export --format ctranslate2` (--ct2-model), or exported first into RUN/ctranslate2/; it searches "
+        "with its own rule only: pass --beam-style fairseq --lenpen-style avg.",
+    )
+    ct2_model: str = _f("", "CTranslate2 model directory for --engine ctranslate2 (default: RUN/ctranslate2/CHECKPOINT, exported when missing or older than the checkpoint).")
+    ct2_compute_type: str = _f("default", "CTranslate2 compute type (default: the exported weights' type; int8, int8_float32, float32, bfloat16, ...).")
 
     def validate(self) -> None:
         if self.max_tokens < 1 or self.buffer_size < 1:
@@ -70,5 +91,7 @@ class TranslateConfig:
             raise NmtError(f"--encoding-errors must be strict or replace, not {self.encoding_errors!r}")
         if self.amp not in AMP_CHOICES:
             raise NmtError(f"--amp must be one of {', '.join(AMP_CHOICES)}, not {self.amp!r}")
+        if self.engine not in ENGINES:
+            raise NmtError(f"--engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
         if self.threads < 0:
             raise NmtError(f"--threads must not be negative, not {self.threads}")

@@ -1,4 +1,5 @@
-"""Validation BLEU during training (`nmt train --eval-bleu`), with the paper's beam search.
+"""Validation BLEU during training (`nmt train --eval-bleu`), with the paper's beam search
+(`nmt translate`'s defaults: beam 4, alpha 0.6, --beam-style t2t).
 
 Hypotheses and references are both detokenized from ids with the run's target vocabulary, so
 the score equals what `nmt translate` + `nmt score` would give on the (normalized) valid set.

@@ -55,3 +55,24 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> N
     assert "Traceback" not in proc.stderr
     for n in needles:
         assert n in lines[0], lines[0]
+
+
+@pytest.fixture(scope="session")
+def trained_tiny_run(multi30k_dir: Path, tmp_path_factory) -> Path:
+    """A `tiny` model trained for half a minute on 3000 Multi30k pairs: it ends its sentences
+    with eos, as a real model does, which a random model almost never does."""
+    import gzip
+
+    root = tmp_path_factory.mktemp("trained_tiny")
+    for split, n in (("train", 3000), ("val", 100)):
+        for lang in ("en", "de"):
+            with gzip.open(multi30k_dir / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+                (root / f"{split}.{lang}").write_text("".join(line for _, line in zip(range(n), f)), encoding="utf-8")
+    run = root / "run"
+    for args in (("preprocess", "-s", "en", "-t", "de", "--trainpref", root / "train", "--validpref", root / "val",
+                  "--vocab-size", "1000", "--workers", "1"),
+                 ("train", "--arch", "tiny", "--max-tokens", "1024", "--threads", "1", "--no-progress-bar", "--seed", "1",
+                  "--save-interval-minutes", "0", "--warmup", "50", "--lr", "3e-3", "--max-update", "600")):
+        proc = run_nmt(args[0], "-r", run, *args[1:])
+        assert proc.returncode == 0, proc.stderr
+    return run

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt.beam_search import Hypothesis, LengthPenalty, SearchConfig, beam_search
+from nmt.beam_search import Hypothesis, LengthPenalty, SearchConfig, beam_search, max_output_lengths
 from nmt.errors import NmtError
 from nmt.model import Transformer, build_config
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -100,23 +100,27 @@ def test_reordered_decoder_state_continues_the_chosen_rows():
     model = _model(vocab)
     src = _batch([6, 4, 5], vocab)
     g = torch.Generator().manual_seed(4)
-    prev = torch.randint(4, vocab, (3, 6), generator=g)
+    prev = torch.randint(4, vocab, (6, 14), generator=g)  # beam 2: rows 2i and 2i+1 belong to sentence i
     prev[:, 0] = BOS_ID
-    order = torch.tensor([2, 0, 0, 1])  # beam search picks parents, some twice
+    rows = torch.tensor([1, 1, 5, 4])  # sentence 1 leaves; survivors pick parents, one twice
+    sentences = torch.tensor([0, 2])
     with torch.inference_mode():
-        state = model.init_decoder_state(model.encode(src))
-        for t in range(3):
+        state = model.init_decoder_state(model.encode(src), beam=2)
+        for t in range(11):  # past the cache's first capacity, so it grows too
             model.decode_step(prev[:, t], state)
-        state.reorder(order)
-        cont = [F.log_softmax(model.decode_step(prev[order, t], state), dim=-1) for t in range(3, 6)]
-        full = F.log_softmax(model(src[order], prev[order]), dim=-1)
-    assert (torch.stack(cont, 1) - full[:, 3:]).abs().max().item() < 1e-5
+        state.reorder(rows, sentences)
+        cont = [F.log_softmax(model.decode_step(prev[rows, t], state), dim=-1) for t in range(11, 14)]
+        full = F.log_softmax(model(src[sentences].repeat_interleave(2, 0), prev[rows]), dim=-1)
+    assert (torch.stack(cont, 1) - full[:, 11:]).abs().max().item() < 1e-5
 
 
 # -- beam search against exhaustive search ----------------------------------------------
 
+@pytest.mark.parametrize("beam_style", ["t2t", "fairseq", "shrink"])
 @pytest.mark.parametrize("style,alpha", [("gnmt", 0.6), ("gnmt", 2.0), ("avg", 1.0), ("avg", 0.6)])
-def test_wide_beam_finds_the_exhaustive_best_under_the_length_penalty(style, alpha):
+def test_wide_beam_finds_the_exhaustive_best_under_the_length_penalty(style, alpha, beam_style):
+    """A beam as wide as the number of outputs prunes nothing, so every rule must find the
+    exhaustive ranking (t2t's bound may stop it early only where nothing can change)."""
     vocab = 7  # pad unk bos eos + 3 words: unk and the words are the 4 tokens that may go before eos
     max_len = 3
     model = _model(vocab, seed=5)
@@ -127,7 +131,8 @@ def test_wide_beam_finds_the_exhaustive_best_under_the_length_penalty(style, alp
     log_probs = _sequence_log_probs([model], src, outputs)
     scored = sorted(((lp.score(p, len(y) + 1), p, y) for p, y in zip(log_probs, outputs)), key=lambda x: -x[0])
 
-    cfg = SearchConfig(beam=len(outputs), lenpen=alpha, lenpen_style=style, max_len_a=0.0, max_len_b=max_len, nbest=3)
+    cfg = SearchConfig(beam=len(outputs), lenpen=alpha, lenpen_style=style, max_len_a=0.0, max_len_b=max_len, nbest=3,
+                       beam_style=beam_style)
     hyps = beam_search(model, src, cfg)[0]
     assert [h.tokens for h in hyps] == [y for _, _, y in scored[:3]]
     for h, (score, log_prob, _) in zip(hyps, scored):
@@ -171,12 +176,13 @@ def _greedy(models: list[Transformer], src: torch.Tensor, max_len: int, lp: Leng
     return Hypothesis(tokens, lp.score(log_prob, len(tokens) + 1), log_prob)
 
 
+@pytest.mark.parametrize("beam_style", ["fairseq", "shrink"])
 @pytest.mark.parametrize("n_models", [1, 2])
-def test_beam_one_is_greedy_search(n_models):
+def test_beam_one_is_greedy_search(n_models, beam_style):
     vocab = 12
     models = [_model(vocab, seed=10 + i) for i in range(n_models)]
     src = _batch([4, 9, 6, 2], vocab, seed=11)
-    cfg = SearchConfig(beam=1, max_len_a=1.0, max_len_b=4)
+    cfg = SearchConfig(beam=1, max_len_a=1.0, max_len_b=4, beam_style=beam_style)
     got = beam_search(models, src, cfg)
     lengths_seen = set()
     for i, (hyp,) in enumerate(got):
@@ -188,11 +194,12 @@ def test_beam_one_is_greedy_search(n_models):
     assert len(lengths_seen) > 1  # some stop at eos, some at the length limit
 
 
-def test_batched_search_equals_one_sentence_at_a_time():
+@pytest.mark.parametrize("beam_style", ["t2t", "fairseq", "shrink"])
+def test_batched_search_equals_one_sentence_at_a_time(beam_style):
     vocab = 30
     model = _model(vocab, seed=12)
     src = _batch([3, 11, 7, 7, 2, 9], vocab, seed=13)
-    cfg = SearchConfig(beam=4, nbest=2, max_len_b=8)
+    cfg = SearchConfig(beam=4, nbest=2, max_len_b=8, beam_style=beam_style)
     together = beam_search(model, src, cfg)
     for i, hyps in enumerate(together):
         n = int(src[i].ne(PAD_ID).sum())
@@ -214,7 +221,8 @@ def test_early_termination_saves_steps_without_changing_results(monkeypatch):
 
     monkeypatch.setattr(Transformer, "decode_step", counting)
     # Small alphas: the bound is weak when lp(max length) is large, as with the paper's 0.6.
-    for cfg in (SearchConfig(beam=4, nbest=2, lenpen=0.2, max_len_b=20), SearchConfig(beam=3, lenpen=0.3, lenpen_style="avg", max_len_b=20)):
+    for cfg in (SearchConfig(beam=4, nbest=2, lenpen=0.2, max_len_b=20), SearchConfig(beam=3, lenpen=0.3, lenpen_style="avg", max_len_b=20),
+                SearchConfig(beam=4, nbest=2, lenpen=0.2, max_len_b=20, beam_style="shrink")):
         calls.clear()
         early = beam_search(model, src, cfg)
         rows_early = sum(calls)
@@ -245,3 +253,75 @@ def test_blockwise_topk_equals_torch_topk():
         values, indices = _row_topk(scores, w)
         expected = scores.topk(w, dim=1)
         assert torch.equal(values, expected.values) and torch.equal(indices, expected.indices)
+
+
+def test_scores_stay_float32_under_bf16_weights():
+    vocab = 300
+    model = _model(vocab, seed=19).to(torch.bfloat16)
+    src = _batch([6, 4], vocab, seed=20)
+    with torch.inference_mode():
+        state = model.init_decoder_state(model.encode(src))
+        logits = model.decode_step(torch.full((2,), BOS_ID), state)
+    assert logits.dtype == torch.float32
+    assert not torch.equal(logits, logits.to(torch.bfloat16).float())  # not bf16 values in disguise
+
+
+# -- the three rules against a plain reference, on real sentences -----------------------
+
+def _reference_search(model: Transformer, src: torch.Tensor, cfg: SearchConfig) -> list[Hypothesis]:
+    """--beam-style written as plainly as possible, for one sentence: Python lists, the
+    whole prefix re-decoded every step (no cache), no early termination.
+
+    Each step ranks every one-token extension of the alive hypotheses by log-probability.
+    t2t: every eos among the best 2k finishes, the best k others stay alive, until the
+    length limit. fairseq: eos among the best k finish, the best k others stay alive, until
+    k have finished. shrink: eos among the best `width` finish and close their slot, the
+    others in those `width` stay alive, until no slot is open.
+    """
+    lp = LengthPenalty(cfg.lenpen, cfg.lenpen_style)
+    k, style = cfg.beam, cfg.beam_style
+    max_len = int(max_output_lengths(src, cfg, model.cfg.max_positions)[0])
+    alive: list[tuple[float, list[int]]] = [(0.0, [])]
+    finished: list[Hypothesis] = []
+    width = k
+    for step in range(max_len + 1):
+        prev = torch.tensor([[BOS_ID, *y] for _, y in alive])
+        with torch.inference_mode():
+            lprobs = F.log_softmax(model(src.expand(len(alive), -1), prev)[:, -1].float(), dim=-1)
+        candidates = [(logp + p, y, tok) for (logp, y), row in zip(alive, lprobs.tolist()) for tok, p in enumerate(row)
+                      if tok not in (PAD_ID, BOS_ID) and (step < max_len or tok == EOS_ID)]
+        candidates.sort(key=lambda c: -c[0])
+        considered = candidates[: width if style == "shrink" else 2 * k]
+        may_end = considered[:k] if style == "fairseq" else considered
+        ended = [(logp, y) for logp, y, tok in may_end if tok == EOS_ID]
+        finished += [Hypothesis(y, lp.score(logp, len(y) + 1), logp) for logp, y in ended]
+        if style == "shrink":
+            width -= len(ended)
+        alive = [(logp, [*y, tok]) for logp, y, tok in considered if tok != EOS_ID][:k]
+        if not alive or (style == "fairseq" and len(finished) >= k):
+            break
+    return sorted(finished, key=lambda h: -h.score)[: cfg.nbest]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("beam_style,lenpen_style,n_lines", [("t2t", "gnmt", 16), ("fairseq", "avg", 16), ("shrink", "gnmt", 8)])
+def test_batched_search_equals_a_plain_reference_on_real_sentences(trained_tiny_run, multi30k_dir, beam_style, lenpen_style, n_lines):
+    import gzip
+
+    from nmt.translate import load_translator
+    from nmt.translate_config import TranslateConfig
+
+    translator = load_translator(trained_tiny_run, cfg=TranslateConfig(device="cpu"))
+    model = translator.models[0]
+    with gzip.open(multi30k_dir / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for _, line in zip(range(n_lines), f)]
+    ids = translator.src_tokenizer.encode(lines)
+    cfg = SearchConfig(beam=4, nbest=2, beam_style=beam_style, lenpen_style=lenpen_style)
+    src = torch.full((len(ids), max(map(len, ids)) + 1), PAD_ID, dtype=torch.long)
+    for i, seq in enumerate(ids):
+        src[i, : len(seq) + 1] = torch.tensor([*seq, EOS_ID])
+    batched = beam_search(model, src, cfg)
+    for i, seq in enumerate(ids):
+        want = _reference_search(model, src[i : i + 1, : len(seq) + 1], cfg)
+        assert [h.tokens for h in batched[i]] == [h.tokens for h in want], lines[i]
+        assert [h.score for h in batched[i]] == pytest.approx([h.score for h in want], abs=1e-4)

@@ -1,0 +1,114 @@
+"""`nmt export --format ctranslate2` and `nmt translate --engine ctranslate2`: the exported
+model is nmt's model, and CTranslate2's search is nmt's `--beam-style fairseq --lenpen-style avg`."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from conftest import assert_one_line_error, run_nmt
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+N_LINES = 200
+
+
+@pytest.fixture(scope="module")
+def exported(trained_tiny_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ct2") / "model"
+    proc = run_nmt("export", "-r", trained_tiny_run, "--format", "ctranslate2", "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def test_lines(multi30k_dir) -> list[str]:
+    with gzip.open(multi30k_dir / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for _, line in zip(range(N_LINES), f)]
+
+
+def _pieces_and_translator(exported):
+    import sentencepiece as spm
+
+    return spm.SentencePieceProcessor(model_file=str(exported / "joint.model")), ctranslate2.Translator(str(exported), intra_threads=1)
+
+
+def test_export_writes_vocabulary_tokenizer_and_nmts_special_tokens(exported, trained_tiny_run):
+    config = json.loads((exported / "config.json").read_text())
+    assert config["decoder_start_token"] == "<s>" and config["add_source_eos"] is True and config["add_source_bos"] is False
+    assert config["eos_token"] == "</s>"
+    vocab = json.loads((exported / "shared_vocabulary.json").read_text())
+    assert vocab[:4] == ["<pad>", "<unk>", "<s>", "</s>"]
+    assert (exported / "joint.model").read_bytes() == (trained_tiny_run / "vocab" / "joint.model").read_bytes()
+    record = json.loads((exported / "nmt_export.json").read_text())
+    assert record["source_lang"] == "en" and record["tokenizer"] == {"en": "joint.model", "de": "joint.model"}
+
+    again = run_nmt("export", "-r", trained_tiny_run, "-o", exported)
+    assert_one_line_error(again, "already exists", "--force")
+    assert (exported / "model.bin").is_file()
+
+
+def test_ctranslate2_scores_nmts_translations_as_nmt_does(exported, trained_tiny_run, test_lines):
+    """Same weights, positions, scaling and special tokens: CTranslate2's log-probability of
+    nmt's own outputs equals nmt's."""
+    import torch
+
+    from nmt.beam_search import SearchConfig, beam_search
+    from nmt.export_ctranslate2 import vocabulary_tokens
+    from nmt.tokenizer import EOS_ID, PAD_ID
+    from nmt.translate import TranslateConfig, load_translator
+
+    nmt = load_translator(trained_tiny_run, cfg=TranslateConfig(device="cpu", threads=1))
+    ids = nmt.src_tokenizer.encode(test_lines[:40])
+    src = torch.full((len(ids), max(map(len, ids)) + 1), PAD_ID, dtype=torch.long)
+    for i, seq in enumerate(ids):
+        src[i, : len(seq) + 1] = torch.tensor([*seq, EOS_ID])
+    hyps = [found[0] for found in beam_search(nmt.models, src, SearchConfig())]
+    pieces = vocabulary_tokens(nmt.src_tokenizer)
+    _, translator = _pieces_and_translator(exported)
+    scored = translator.score_batch([[pieces[t] for t in seq] for seq in ids], [[pieces[t] for t in h.tokens] for h in hyps])
+    assert [sum(s.log_probs) for s in scored] == pytest.approx([h.log_prob for h in hyps], abs=1e-4)  # eos included
+
+
+def test_ctranslate2_beam_search_agrees_with_the_fairseq_style(exported, trained_tiny_run, test_lines):
+    """CTranslate2 as a user runs it (beam 4, length_penalty 0.6, patience 1, end token
+    counted) against `nmt translate --beam-style fairseq --lenpen-style avg`: the lines that
+    differ are lines where a hypothesis reached nmt's length limit (eos forced there in nmt,
+    not in CTranslate2)."""
+    proc = run_nmt("translate", "-r", trained_tiny_run, "--threads", "1", "--beam-style", "fairseq", "--lenpen-style", "avg",
+                   "--quiet", input="\n".join(test_lines) + "\n")
+    assert proc.returncode == 0, proc.stderr
+    ours = proc.stdout.splitlines()
+    sp, translator = _pieces_and_translator(exported)
+    src = [sp.encode(line, out_type=str) for line in test_lines]
+    results = translator.translate_batch(src, beam_size=4, length_penalty=0.6, patience=1, return_end_token=True,
+                                         min_decoding_length=0, max_decoding_length=max(map(len, src)) + 51)
+    theirs = [sp.decode([p for p in r.hypotheses[0] if p != "</s>"]) for r in results]
+    differ = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
+    assert len(differ) <= N_LINES // 100, differ
+    for i in differ:
+        limit = len(src[i]) + 50
+        assert max(len(sp.encode(ours[i])), len(results[i].hypotheses[0])) >= limit - 2, (ours[i], theirs[i])
+
+
+def test_engine_keeps_the_line_contract(trained_tiny_run, test_lines):
+    lines = [test_lines[0], "", "   ", test_lines[1]]
+    data = ("\n".join(lines) + "\n").encode() + b"zwei \xff Hunde"
+    args = ["translate", "-r", trained_tiny_run, "--threads", "1", "--beam-style", "fairseq", "--lenpen-style", "avg", "--quiet"]
+    ct2 = run_nmt(*args, "--engine", "ctranslate2", "--encoding-errors", "replace", "--format", "jsonl", "--nbest", "2", input=data)
+    nmt = run_nmt(*args, "--encoding-errors", "replace", "--format", "jsonl", "--nbest", "2", input=data)
+    assert ct2.returncode == 0 and nmt.returncode == 0, ct2.stderr + nmt.stderr
+    rows, want = [json.loads(l) for l in ct2.stdout.splitlines()], [json.loads(l) for l in nmt.stdout.splitlines()]
+    assert len(rows) == 5
+    assert rows[1] == rows[2] == {"hyp": "", "score": None, "nbest": []}
+    for row, w in zip(rows, want):
+        assert row["hyp"] == w["hyp"] and [h["hyp"] for h in row["nbest"]] == [h["hyp"] for h in w["nbest"]]
+        assert [h["score"] for h in row["nbest"]] == pytest.approx([h["score"] for h in w["nbest"]], rel=1e-3)  # CTranslate2 search math is not bit-equal
+    assert_one_line_error(run_nmt(*args, "--engine", "ctranslate2", input=data), "line 5", "--encoding-errors replace")
+
+
+def test_engine_refuses_the_gnmt_penalty_in_one_line(trained_tiny_run):
+    proc = run_nmt("translate", "-r", trained_tiny_run, "--engine", "ctranslate2", input="a man\n")
+    assert_one_line_error(proc, "--lenpen-style avg")
