@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_REQ)"
-	$(BIN)/python -m pip install --quiet -e ".[test,plot]"
+	$(BIN)/python -m pip install --quiet -e ".[test,plot,serve,serve-test]"
 	touch $(STAMP)
 
 test: install
