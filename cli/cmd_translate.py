@@ -82,7 +82,7 @@ def register(app: typer.Typer) -> None:
                 raise NmtError("give --input or --subset, not both")
             input_path = split_text_file(run_dir, subset, "source")
         # Buffers end when the input pauses, so a program that writes a line and waits gets its answer.
-        chunks = input_buffers(input_path, sys.stdin.buffer, cfg.buffer_size, cfg.encoding_errors)
+        chunks = input_buffers(input_path, lambda: sys.stdin.buffer, cfg.buffer_size, cfg.encoding_errors)
         first = next(chunks, [])  # bad input fails before the model loads
 
         start = time.perf_counter()

@@ -14,7 +14,7 @@ import os
 import select
 import stat
 from pathlib import Path
-from typing import IO, Iterator, Optional
+from typing import IO, Callable, Iterator, Optional
 
 from nmt.textio import decode_line, read_lines, stdin_lines
 from nmt.translate import buffers
@@ -25,18 +25,18 @@ PAUSE_SECONDS = 0.01
 filled by a fast writer is not cut into small buffers, short enough not to be noticed."""
 
 
-def input_buffers(path: Optional[Path], stdin: IO[bytes], size: int, errors: str = "strict",
+def input_buffers(path: Optional[Path], stdin: Callable[[], IO[bytes]], size: int, errors: str = "strict",
                   pause: float = PAUSE_SECONDS) -> Iterator[list[str]]:
-    """The lines of `path` (or of `stdin` when None), in buffers of at most `size` lines
-    that also end when the input pauses. Every line is yielded once, in order."""
+    """The lines of `path` (or of the stream `stdin()` returns, when None), in buffers of at
+    most `size` lines that also end when the input pauses. Every line is yielded once, in order."""
     if path is not None and (path.suffix == ".gz" or not _is_stream(path)):
         yield from buffers(read_lines(path, errors), size)
         return
     if os.name != "posix":
-        yield from buffers(stdin_lines(stdin, errors), size)
+        yield from buffers(stdin_lines(stdin(), errors), size)
         return
     if path is None:
-        yield from pausing_buffers(stdin.fileno(), size, errors, "<stdin>", pause)
+        yield from pausing_buffers(stdin().fileno(), size, errors, "<stdin>", pause)
         return
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -25,7 +25,9 @@ class Server:
     """`nmt serve -r RUN --port 0 ...` in a subprocess; its port is read from its first stderr line."""
 
     def __init__(self, run_dir: Path, *args: str, log_dir: Optional[Path] = None):
-        self.log = Path(tempfile.mkstemp(prefix="nmt-serve-", suffix=".log", dir=log_dir)[1])
+        fd, name = tempfile.mkstemp(prefix="nmt-serve-", suffix=".log", dir=log_dir)
+        os.close(fd)
+        self.log = Path(name)
         self._log_file = open(self.log, "wb")
         env = {k: v for k, v in os.environ.items() if k != "NMT_RUN_DIR"}
         self.proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", "serve", "-r", str(run_dir), "--port", "0", *args],
