@@ -6,9 +6,10 @@ RUN_DIR: a trained run; default the Multi30k recipe's runs/multi30k-en-de when i
 checkpoint, else a run with a random `small` model and a BPE vocabulary learned on Multi30k
 train (bench_translate.py's; outputs then limited to the source length, see there).
 
-1. The ceiling: sentences/s of `nmt translate`'s engine (nmt.translate.Translator, as the
-   command runs it after start-up: length-sorted buffers of --buffer-size lines) on the
-   Multi30k test lines, with the same threads and settings as the server.
+1. The ceiling: sentences/s of the `nmt translate` command (its own summary line: model
+   loading included, Python start-up not) on the Multi30k test lines, with the same threads
+   and settings as the server, in a fresh process; measured before and after the server's
+   levels, and averaged, as the machine may be shared.
 2. The server: `nmt serve` in a subprocess; for each client count, that many clients send the
    test lines (--lines-per-request each, one request after another on a kept-alive
    connection) for --seconds, after a short warm-up. Prints requests/s, sentences/s, latency
@@ -17,7 +18,9 @@ train (bench_translate.py's; outputs then limited to the source length, see ther
    Chromium, to bench/results/serve_page.png (skipped, with the reason, without Chromium).
 
 Results go to bench/results/serve.json. The machine may be shared: compare the ratios of one
-run (server / ceiling), not absolute numbers across runs.
+run (server / ceiling), not absolute numbers across runs. On a busy machine the wall-clock
+ratio favours the server (its process has more threads, and Linux shares the CPU per thread),
+so the bench also gives sentences per CPU-second of the server process and of the ceiling.
 """
 
 from __future__ import annotations
@@ -27,12 +30,17 @@ import gzip
 import http.client
 import json
 import os
+import re
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import DEFAULT_MULTI30K, REPO, RESULTS, write_result  # noqa: E402
@@ -54,19 +62,26 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def ceiling(run: Path, lines: list[str], settings: dict) -> dict:
-    """Sentences/s of nmt translate's engine on `lines` (model loaded; warm-up excluded)."""
-    from nmt.translate import buffers, load_translator
-    from nmt.translate_config import SearchConfig, TranslateConfig
-
-    search = SearchConfig(**{k: v for k, v in settings.items() if k in ("max_len_a", "max_len_b")})
-    cfg = TranslateConfig(device="cpu", threads=settings["threads"])
-    translator = load_translator(run, search=search, cfg=cfg)
-    translator.translate(lines[:32])
-    start = time.perf_counter()
-    n = sum(len(translator.translate(chunk)) for chunk in buffers(lines, cfg.buffer_size))
-    seconds = time.perf_counter() - start
-    return {"sentences": n, "seconds": round(seconds, 2), "sentences_per_s": round(n / seconds, 1)}
+def ceiling(run: Path, source: Path, settings: dict) -> dict:
+    """Sentences/s of the `nmt translate` command on `source`, in a fresh process (model loading
+    included in its own timing; Python start-up not), and its sentences per CPU-second."""
+    cmd = [sys.executable, "-m", "nmt_cli", "translate", "-r", str(run), "--input", str(source), "--device", "cpu",
+           "--threads", str(settings["threads"])]
+    for key in ("max_len_a", "max_len_b"):
+        if key in settings:
+            cmd += [f"--{key.replace('_', '-')}", str(settings[key])]
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run(cmd, capture_output=True, cwd=REPO, env={**os.environ, "NMT_RUN_DIR": ""})
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit(f"nmt translate failed: {proc.stderr.decode(errors='replace').strip()}")
+    summary = re.search(r"(\d+) lines, \d+ target tokens in ([\d.]+) s", proc.stderr.decode())
+    if summary is None:
+        raise SystemExit(f"no summary line from nmt translate: {proc.stderr.decode(errors='replace')[-500:]}")
+    n, seconds = int(summary.group(1)), float(summary.group(2))
+    cpu = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
+    return {"sentences": n, "seconds": seconds, "sentences_per_s": round(n / seconds, 1),
+            "cpu_seconds": round(cpu, 2), "sentences_per_cpu_s": round(n / cpu, 2)}
 
 
 def load_level(port: int, lines: list[str], clients: int, per_request: int, seconds: float, warmup: float) -> dict:
@@ -76,6 +91,7 @@ def load_level(port: int, lines: list[str], clients: int, per_request: int, seco
     measure_from, stop_at = t0 + warmup, t0 + warmup + seconds
     latencies: list[list[float]] = [[] for _ in range(clients)]
     sentences = [0] * clients
+    all_sentences = [0] * clients  # warm-up included, for sentences per CPU-second of the server
     errors = [0] * clients
 
     def client(c: int) -> None:
@@ -93,6 +109,7 @@ def load_level(port: int, lines: list[str], clients: int, per_request: int, seco
                 conn.close()
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
             end = time.perf_counter()
+            all_sentences[c] += len(requests[k % len(requests)]) if ok else 0
             if start >= measure_from and end <= stop_at:
                 if ok:
                     latencies[c].append(end - start)
@@ -116,6 +133,7 @@ def load_level(port: int, lines: list[str], clients: int, per_request: int, seco
         "sentences_per_s": round(sum(sentences) / seconds, 1),
         "latency_ms": {name: round(percentile(flat, q) * 1000, 1) for name, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))},
         "mean_latency_ms": round(statistics.fmean(flat) * 1000, 1) if flat else 0.0,
+        "all_sentences": sum(all_sentences),
     }
 
 
@@ -153,8 +171,11 @@ def main() -> None:
             weights, length = "random", {"max_len_a": 1.0, "max_len_b": 0}
         settings = {"threads": args.threads, **length}
 
-        top = ceiling(run, lines, settings)
-        print(f"nmt translate engine: {top['sentences_per_s']} sentences/s ({top['sentences']} lines in {top['seconds']} s)",
+        load_before = os.getloadavg()[0]
+        source_file = Path(tmp) / "lines.en"
+        source_file.write_text("".join(l + "\n" for l in lines), encoding="utf-8")
+        first = ceiling(run, source_file, settings)
+        print(f"nmt translate: {first['sentences_per_s']} sentences/s ({first['sentences']} lines in {first['seconds']} s)",
               file=sys.stderr)
 
         flags = ["--threads", str(args.threads), "--device", "cpu"]
@@ -165,16 +186,19 @@ def main() -> None:
         try:
             for clients in [int(c) for c in args.clients.split(",")]:
                 before = server.get("/info")["stats"]
+                cpu_before = sum(psutil.Process(server.proc.pid).cpu_times()[:2])
                 level = load_level(server.port, lines, clients, args.lines_per_request, args.seconds, args.warmup)
+                cpu = sum(psutil.Process(server.proc.pid).cpu_times()[:2]) - cpu_before
+                level["server_cpu_seconds"] = round(cpu, 2)
+                level["sentences_per_cpu_s"] = round(level.pop("all_sentences") / cpu, 2)
                 after = server.get("/info")["stats"]
                 calls = after["batches"] - before["batches"]
                 level["model_calls"] = calls
                 level["sentences_per_model_call"] = round((after["sentences"] - before["sentences"]) / max(calls, 1), 1)
-                level["fraction_of_translate"] = round(level["sentences_per_s"] / top["sentences_per_s"], 3)
                 levels.append(level)
                 lat = level["latency_ms"]
-                print(f"{clients:3d} clients: {level['requests_per_s']} requests/s, {level['sentences_per_s']} sentences/s "
-                      f"({level['fraction_of_translate']:.0%} of nmt translate), latency p50 {lat['p50']} ms, "
+                print(f"{clients:3d} clients: {level['requests_per_s']} requests/s, {level['sentences_per_s']} sentences/s, "
+                      f"latency p50 {lat['p50']} ms, "
                       f"p95 {lat['p95']} ms, p99 {lat['p99']} ms, {level['errors']} errors, "
                       f"{level['sentences_per_model_call']} sentences per model call", file=sys.stderr)
             page = None
@@ -192,11 +216,24 @@ def main() -> None:
             code = server.terminate()
         if code != 0:
             raise SystemExit(f"nmt serve exited with {code}:\n{server.output()}")
+        # The CPU may be shared: the ceiling is the mean of one measurement before and one after the levels.
+        second = ceiling(run, source_file, settings)
+        top = {"sentences_per_s": round((first["sentences_per_s"] + second["sentences_per_s"]) / 2, 1),
+               "sentences_per_cpu_s": round((first["sentences_per_cpu_s"] + second["sentences_per_cpu_s"]) / 2, 2),
+               "before": first, "after": second}
+        print(f"nmt translate, again: {second['sentences_per_s']} sentences/s; ceiling (mean) "
+              f"{top['sentences_per_s']} sentences/s, {top['sentences_per_cpu_s']} sentences per CPU-second", file=sys.stderr)
+        for level in levels:
+            level["fraction_of_translate"] = round(level["sentences_per_s"] / top["sentences_per_s"], 3)
+            level["cpu_fraction_of_translate"] = round(level["sentences_per_cpu_s"] / top["sentences_per_cpu_s"], 3)
+            print(f"{level['clients']:3d} clients: {level['fraction_of_translate']:.0%} of nmt translate's sentences/s, "
+                  f"{level['cpu_fraction_of_translate']:.0%} of its sentences per CPU-second", file=sys.stderr)
 
     result = {"bench": "serve", "weights": weights, "run": str(args.run_dir or (RECIPE_RUN if weights == "trained" else "random small")),
               "source": str(source), "lines_per_request": args.lines_per_request, "threads": args.threads,
               "seconds_per_level": args.seconds, **({"length_limit": length} if length else {}),
-              "translate_ceiling": top, "levels": levels, "page": page}
+              "translate_ceiling": top, "levels": levels, "page": page,
+              "load_average_1min": {"start": load_before, "end": os.getloadavg()[0]}}
     write_result("serve", result)
     print(json.dumps(result))
 

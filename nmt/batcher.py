@@ -1,8 +1,11 @@
 """Dynamic batching for `nmt serve`: requests that arrive together share one model call.
 
-One worker thread owns the model. When a request arrives while the model is idle, it waits
-up to `window` seconds for others (or until `max_sentences` are waiting); requests arriving
-while the model is busy wait for it anyway and go into the next call together. A call takes
+One worker thread owns the model. A call starts `window` seconds after the later of the
+oldest waiting request's arrival and the end of the previous call, or as soon as
+`max_sentences` are waiting: requests that arrive while the model is busy go into the next
+call together, and so do the clients of the call just answered that send their next request
+right away (without the wait after a call, closed-loop clients split into two groups that
+take turns, each with half-full calls). A call takes
 sentences from the waiting requests in turns, one sentence each round, oldest request first,
 so a request of hundreds of sentences is spread over several calls and a one-sentence
 request that arrives meanwhile rides in the very next call. Requests with other beam search
@@ -57,6 +60,7 @@ class Batcher:
         self._waiting: list[_Request] = []
         self._cond = threading.Condition()
         self._closed = False
+        self._idle_since = 0.0
         self.stats = BatchStats()
         self._thread = threading.Thread(target=self._run, name="nmt-batcher", daemon=True)
         self._thread.start()
@@ -89,12 +93,13 @@ class Batcher:
                     self._cond.wait()
                 if not self._waiting:
                     return
-                deadline = self._waiting[0].arrived + self.window
+                deadline = max(self._waiting[0].arrived, self._idle_since) + self.window
                 while (not self._closed and self._waiting_like(self._waiting[0].key) < self.max_sentences
                        and (left := deadline - time.monotonic()) > 0):
                     self._cond.wait(left)
                 batch = self._take()
             self._translate_batch(batch)
+            self._idle_since = time.monotonic()
 
     def _waiting_like(self, key: tuple) -> int:
         return sum(len(r.lines) - r.taken for r in self._waiting if r.key == key)

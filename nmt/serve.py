@@ -300,5 +300,4 @@ def listen_socket(host: str, port: int) -> socket.socket:
         sock.listen(2048)  # from now on clients queue up instead of being refused
     except OSError as e:
         raise NmtError(f"cannot listen on {host}:{port} ({e.strerror or e}); pick another --port or --host") from None
-    sock.set_inheritable(True)
     return sock

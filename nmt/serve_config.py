@@ -22,8 +22,9 @@ class ServeConfig:
     host: str = _f("127.0.0.1", "Address to listen on; 127.0.0.1 serves this machine only, 0.0.0.0 every network it is on.")
     port: int = _f(8000, "TCP port to listen on.")
     batch_window_ms: float = _f(
-        5.0, "How long the first waiting request waits for others to share its model call (milliseconds); "
-             "requests that arrive while the model is busy wait for it anyway and share the next call.")
+        10.0, "How long a model call waits for more requests to share it (milliseconds), counted from the first "
+              "waiting request's arrival or the end of the previous call, whichever is later; "
+              "requests that arrive while the model is busy share the next call.")
     max_batch_sentences: int = _f(
         64, "Sentences per model call at most; a big request is spread over several calls, "
             "taking turns with the other waiting requests, so small requests are not stuck behind it.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import threading
 from pathlib import Path
 
@@ -13,6 +14,7 @@ pytest.importorskip("starlette", reason="nmt serve needs the serve extra (make i
 pytest.importorskip("uvicorn", reason="nmt serve needs the serve extra (make install installs it)")
 
 import nmt  # noqa: E402
+from conftest import assert_one_line_error, run_nmt  # noqa: E402
 from nmt.serve import parse_body  # noqa: E402
 from nmt.serve_config import ServeConfig  # noqa: E402
 from serve_helpers import Server  # noqa: E402
@@ -166,6 +168,14 @@ def test_sigterm_answers_the_requests_in_flight_then_exits_0(run_dir, model, tmp
         assert "Traceback" not in srv.output()
     finally:
         srv.stop()
+
+
+def test_a_port_in_use_is_a_one_line_error(run_dir):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert_one_line_error(run_nmt("serve", "-r", run_dir, "--port", port, timeout=120), "cannot listen", str(port))
 
 
 def test_parse_body_limits_count_characters_not_bytes():
