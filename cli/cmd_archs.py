@@ -13,6 +13,11 @@ def register(app: typer.Typer) -> None:
         vocab_size: Annotated[int, typer.Option("--vocab-size", help="Joint vocabulary size for the parameter count (paper En-De: ~37000).")] = 37000,
     ) -> None:
         """List the architectures (--arch) with their parameter counts for a shared vocabulary."""
+        from nmt.errors import NmtError
+        from nmt.tokenizer import SPECIAL_TOKENS
+
+        if vocab_size <= len(SPECIAL_TOKENS):
+            raise NmtError(f"--vocab-size must be more than the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
         from rich.console import Console
         from rich.table import Table
 

@@ -19,12 +19,13 @@ def register(app: typer.Typer) -> None:
         ctx: typer.Context,
         run_dir: RunDirOption = None,
         last: Annotated[Optional[int], typer.Option("--last", help="Average the last N checkpoints of RUN/checkpoints by update order (the paper: 5 for base, 20 for big).", show_default=False)] = None,
-        kind: Annotated[str, typer.Option("--kind", help="Which checkpoints --last counts: all, updates (checkpoint_E_U.pt, the interval checkpoints) or epochs (checkpointE.pt).")] = "all",
+        kind: Annotated[str, typer.Option("--kind", help="Which checkpoints --last counts: all (the most recent by update, whatever wrote them; one file under two names counts once), updates (checkpoint_E_U.pt, the interval checkpoints) or epochs (checkpointE.pt).")] = "all",
         inputs: Annotated[Optional[list[Path]], typer.Option("--inputs", help="Average these checkpoint files instead of --last: --inputs A.pt B.pt ...", show_default=False)] = None,
         output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write the average (default: RUN/checkpoints/checkpoint_avg.pt).", show_default=False)] = None,
+        max_span: Annotated[float, typer.Option("--max-span", help="Warn (stderr) when the checkpoints averaged span more than this share of training, in updates: the paper's windows are under 10%.")] = 0.25,
     ) -> None:
         """Average the parameters of several checkpoints into checkpoint_avg.pt."""
-        from nmt.average import average_checkpoints as average, last_checkpoints
+        from nmt.average import average_into, last_checkpoint_infos, span_warning
         from nmt.errors import NmtError
         from nmt.rundir import RunDir, resolve_run_dir
 
@@ -35,8 +36,15 @@ def register(app: typer.Typer) -> None:
             inputs = [*inputs, *map(Path, ctx.args)]
         if (last is None) == (not inputs):
             raise NmtError("say which checkpoints to average: --last N (from the run directory) or --inputs A.pt B.pt ..., not both")
-        paths = list(inputs) if inputs else last_checkpoints(rd.checkpoint_dir, last, kind)
+        picked = [] if inputs else last_checkpoint_infos(rd.checkpoint_dir, last, kind)
+        paths = list(inputs) if inputs else [c.path for c in picked]
         output = output or rd.checkpoint_dir / "checkpoint_avg.pt"
-        averaged = average(paths, output)
+        averaged = average_into(rd, paths, output,
+                                warn=lambda message: print(f"nmt average-checkpoints: warning: {message}", file=sys.stderr))
         # Reported after the fact, so that a refusal stays the only line on stderr.
-        print(f"averaged {len(paths)} checkpoints ({', '.join(averaged['averaged_from'])}) into {output}", file=sys.stderr)
+        updates = ", ".join(str(u) for u in averaged["averaged_updates"] if u is not None)
+        print(f"averaged {len(paths)} checkpoints ({', '.join(averaged['averaged_from'])}"
+              + (f"; updates {updates}" if updates else "") + f") into {output}", file=sys.stderr)
+        warning = span_warning(picked, max_span)
+        if warning:
+            print(warning, file=sys.stderr)

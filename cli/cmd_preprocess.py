@@ -6,7 +6,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from nmt.preprocess import PreprocessConfig
+from nmt.preprocess_config import PreprocessConfig
 from nmt_cli.common import RunDirOption
 
 _D = PreprocessConfig()
@@ -73,7 +73,7 @@ def print_summary(console: Any, record: dict[str, Any], root: Any) -> None:
     """The summary table: per split and side, sentences, tokens, unknown-token rate, drops."""
     from rich.table import Table
 
-    from nmt.preprocess import reasons_text
+    from nmt.cleaning import reasons_text
 
     summary = record["summary"]
     table = Table(title=f"nmt preprocess: {root}", title_justify="left")

@@ -25,12 +25,15 @@ def register(app: typer.Typer) -> None:
         lang: Annotated[Optional[str], typer.Option("--lang", "-l", help="Target language: picks sacreBLEU's default tokenizer (zh, ja, ko) and the Moses tokenizer of --compound-split (default: de).", show_default=False)] = None,
         compound_split: Annotated[bool, typer.Option("--compound-split", help="The paper's tokenized WMT14 En-De BLEU (Moses tokenizer, ##AT## compound splitting, multi-bleu.perl); not comparable to sacreBLEU.")] = False,
         as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
+        encoding_errors: Annotated[str, typer.Option("--encoding-errors", help="Invalid UTF-8 in hypotheses or references: strict (error naming the file and line) or replace (with U+FFFD).")] = "strict",
     ) -> None:
         """Score hypotheses against references: sacreBLEU BLEU with its signature and chrF."""
         from nmt import score as scoring
         from nmt.errors import NmtError
         from nmt.textio import read_lines, stdin_lines
 
+        if encoding_errors not in ("strict", "replace"):
+            raise NmtError(f"--encoding-errors must be strict or replace, not {encoding_errors!r}")
         if (ref is None) == (subset is None):
             raise NmtError("give the references with --ref FILE, or --subset SPLIT to use the run's recorded split (not both)")
         if subset is not None:
@@ -44,11 +47,11 @@ def register(app: typer.Typer) -> None:
             raise NmtError("--compound-split uses its own Moses tokenization and is case-sensitive; drop --tokenize/--lowercase")
         if hyp is not None:
             hyp_name = str(hyp)
-            hypotheses = list(read_lines(hyp))
+            hypotheses = list(read_lines(hyp, encoding_errors))
         else:
             hyp_name = "<stdin>"
-            hypotheses = list(stdin_lines(sys.stdin.buffer))
-        references = scoring.read_references(ref, len(hypotheses), hyp_name)
+            hypotheses = list(stdin_lines(sys.stdin.buffer, encoding_errors))
+        references = scoring.read_references(ref, len(hypotheses), hyp_name, encoding_errors)
 
         if compound_split:
             result = scoring.compound_split_bleu(hypotheses, references, lang=lang or "de")

@@ -31,24 +31,36 @@ HELP = (
     "Label-smoothed cross entropy (0.1), Adam (0.9, 0.98, 1e-9), lrate = d_model^-0.5 * min(step^-0.5, "
     "step * warmup^-1.5), token-count batches from length-sorted buckets. Losses in logs/train.jsonl and on "
     "screen are per target token in base 2 (bits), as fairseq logs them; ppl = 2^nll_loss.\n\n"
-    "Uses every visible GPU (DDP) by default and works under torchrun. Re-running the same command resumes "
-    "from checkpoints/checkpoint_last.pt exactly."
+    "Uses every visible GPU (DDP) by default and works under torchrun.\n\n"
+    "Resume rule (fairseq's): when RUN/checkpoints/checkpoint_last.pt exists, training resumes from it exactly, "
+    "with the settings recorded in the run (`nmt train -r RUN` needs no flags). Flags given again that differ "
+    "from the record are applied where safe (limits, cadences, lr, dropout...), each named in one line; another "
+    "architecture is refused. --restore-file, --finetune-from and --reset-* apply on the first launch only. "
+    "Ctrl-C saves checkpoint_last.pt and exits 130; a second Ctrl-C exits at once."
 )
 
 
 def register(app: typer.Typer) -> None:
     from nmt.train_config import TrainConfig
 
-    params = [inspect.Parameter("run_dir", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=RunDirOption)]
+    params = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context),
+              inspect.Parameter("run_dir", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=RunDirOption)]
     params += dataclass_parameters(TrainConfig, panel=_panel, as_text=("max_time",))
 
     def train_command(**kwargs: Any) -> None:
         from nmt.rundir import resolve_run_dir
-        from nmt.train import train
+        from nmt.runlock import refuse_if_held
         from nmt.train_config import parse_duration
 
+        ctx = kwargs.pop("ctx")
         run_dir = resolve_run_dir(kwargs.pop("run_dir"))
+        refuse_if_held(run_dir)  # before the slow imports below
         kwargs["max_time"] = parse_duration(kwargs["max_time"]) if kwargs.get("max_time") else 0.0
-        train(run_dir, TrainConfig(**kwargs))
+        # The flags typed on this command line: on a resume only these may change the run's record.
+        given = {name for name in kwargs
+                 if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") in ("COMMANDLINE", "ENVIRONMENT")}
+        from nmt.train import train
+
+        train(run_dir, TrainConfig(**kwargs), given)
 
     app.command("train", help=HELP)(with_parameters(train_command, params))

@@ -119,6 +119,10 @@ def register(app: typer.Typer) -> None:
         if translator.truncated:
             print(f"nmt translate: warning: {translator.truncated} line(s) longer than the model's "
                   f"{translator.max_positions} positions were truncated", file=sys.stderr)
+        if translator.no_hypothesis:
+            print(f"nmt translate: warning: {translator.no_hypothesis} line(s) got an empty translation because the "
+                  f"search found no hypothesis of finite score (is the checkpoint damaged, or --amp overflowing?)",
+                  file=sys.stderr)
         seconds = time.perf_counter() - start
         say(f"{n_lines} lines, {translator.target_tokens} target tokens in {seconds:.1f} s "
             f"({n_lines / max(seconds, 1e-9):.1f} sentences/s)")

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
+from typing import Any, Callable
 
 import typer
 
-from nmt.errors import NmtError
+from nmt.errors import Interrupted, NmtError
+from nmt.oserrors import os_error_message
 
 app = typer.Typer(
     name="nmt",
@@ -20,6 +24,19 @@ app = typer.Typer(
 )
 
 
+def _reports_interrupts(callback: Callable[..., Any]) -> Callable[..., Any]:
+    """Typer turns a KeyboardInterrupt into a silent exit 130 before `main` can see it, so each
+    command's KeyboardInterrupt is carried out as `Interrupted` instead."""
+    @functools.wraps(callback)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return callback(*args, **kwargs)
+        except KeyboardInterrupt:
+            raise Interrupted() from None
+
+    return command
+
+
 def _register() -> None:
     """Import the command modules; each adds its command to `app`."""
     import importlib
@@ -31,18 +48,42 @@ def _register() -> None:
         if info.name.startswith("cmd_"):
             module = importlib.import_module(f"nmt_cli.{info.name}")
             module.register(app)
+    for command in app.registered_commands:
+        command.callback = _reports_interrupts(command.callback)
 
 
 _register()
 
 
-def main() -> None:
-    """Console script: run the app; a user error is one line on stderr and exit status 1."""
+def _fail(message: str, status: int) -> None:
+    """One line on stderr, then exit; stdout is dropped so that flushing it at exit (a full
+    disk, a closed pipe) cannot add a second message."""
+    print(message, file=sys.stderr, flush=True)
     try:
-        app()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    sys.exit(status)
+
+
+def main() -> None:
+    """Console script: run the app; a user error is one line on stderr and exit status 1,
+    Ctrl-C is "nmt: interrupted" and exit status 130."""
+    try:
+        try:
+            app()
+        except SystemExit as e:
+            if e.code in (0, None) and not sys.stdout.closed:
+                sys.stdout.flush()  # here, not at exit, so a full disk is reported below
+            raise
+    except Interrupted as e:  # a command that saved its work first says what it saved
+        _fail("nmt: interrupted" + (f": {e}" if str(e) else ""), e.exit_code)
     except NmtError as e:
-        print(f"nmt: error: {e}", file=sys.stderr)
-        sys.exit(1)
+        _fail(f"nmt: error: {e}", e.exit_code)
     except KeyboardInterrupt:
-        print("nmt: interrupted", file=sys.stderr)
-        sys.exit(130)
+        _fail("nmt: interrupted", 130)
+    except OSError as e:
+        message = os_error_message(e)
+        if message is None:
+            raise
+        _fail(f"nmt: error: {message}", 1)

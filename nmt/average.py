@@ -15,18 +15,24 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from nmt.atomic import check_file_target, remove_leftover_temps
 from nmt.checkpoint import CHECKPOINT_VERSION, load_checkpoint, save_checkpoint
 from nmt.errors import NmtError
+from nmt.identity import IDENTITY_KEY, check_identity, checkpoint_identity, identity_difference, run_identity
+from nmt.rundir import RunDir
+from nmt.runlock import RunLock, command_line
 
 # fairseq's names: checkpoint{epoch}.pt at epoch ends, checkpoint_{epoch}_{update}.pt at
 # update or time intervals (the paper's 10-minute checkpoints).
 EPOCH_NAME = re.compile(r"^checkpoint(\d+)\.pt$")
 UPDATE_NAME = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")
 KINDS = ("all", "updates", "epochs")
+TRAINING_NAMES = ("checkpoint_last.pt", "checkpoint_best.pt")
+"""Besides the numbered checkpoints, the files `nmt train` writes and resumes from."""
 
 # Fields of TransformerConfig that change training, not the shape or meaning of the weights.
 NON_ARCHITECTURE_FIELDS = frozenset({"dropout", "attention_dropout", "relu_dropout"})
@@ -84,7 +90,12 @@ def list_checkpoints(checkpoint_dir: str | os.PathLike, kind: str = "all") -> li
         found.sort(key=lambda c: (c.name_epoch, c.update if c.update is not None else math.inf, c.path.name))
     unique: list[CheckpointInfo] = []
     seen_updates: set[int] = set()
+    seen_files: set[tuple[int, int]] = set()
     for c in found:
+        st = c.path.stat()
+        if (st.st_dev, st.st_ino) in seen_files:  # one file under two names (hard links)
+            continue
+        seen_files.add((st.st_dev, st.st_ino))
         if c.update is not None:
             if c.update in seen_updates:
                 continue
@@ -95,6 +106,11 @@ def list_checkpoints(checkpoint_dir: str | os.PathLike, kind: str = "all") -> li
 
 def last_checkpoints(checkpoint_dir: str | os.PathLike, n: int, kind: str = "all") -> list[Path]:
     """The last `n` checkpoints by update order; fewer available is a user error."""
+    return [c.path for c in last_checkpoint_infos(checkpoint_dir, n, kind)]
+
+
+def last_checkpoint_infos(checkpoint_dir: str | os.PathLike, n: int, kind: str = "all") -> list[CheckpointInfo]:
+    """The `n` most recent checkpoints by update, whatever their kind unless `kind` says."""
     if n < 1:
         raise NmtError(f"--last must be at least 1, got {n}")
     candidates = list_checkpoints(checkpoint_dir, kind)
@@ -104,7 +120,25 @@ def last_checkpoints(checkpoint_dir: str | os.PathLike, n: int, kind: str = "all
             f"--last {n} asks for {n} checkpoints but {checkpoint_dir} has only {len(candidates)} "
             f"{which} checkpoint(s); pass a smaller --last or train longer"
         )
-    return [c.path for c in candidates[-n:]]
+    return candidates[-n:]
+
+
+def span_warning(picked: Sequence[CheckpointInfo], max_share: float) -> Optional[str]:
+    """A warning when the averaged checkpoints span more than `max_share` of training.
+
+    The paper averages a window of recent training (the last 5 or 20 ten-minute checkpoints of
+    a 12-hour or 3.5-day run: under 10% of it). A window that reaches far back mixes an early
+    model with the final one, which costs BLEU without any other sign.
+    """
+    updates = [c.update for c in picked if c.update is not None]
+    if len(updates) < 2 or max(updates) <= 0:
+        return None
+    share = (max(updates) - min(updates)) / max(updates)
+    if share <= max_share:
+        return None
+    return (f"warning: the {len(picked)} checkpoints averaged span updates {min(updates)}-{max(updates)}, "
+            f"{share:.0%} of training (more than {max_share:.0%}): an early model is mixed with the final one; "
+            f"save checkpoints more often (--save-interval-minutes/--save-interval-updates) or average fewer")
 
 
 def _architecture(config: dict[str, Any]) -> dict[str, Any]:
@@ -130,14 +164,78 @@ def _check_same_model(first: Path, config: dict[str, Any], shapes: dict[str, tup
             )
 
 
-def average_checkpoints(paths: Sequence[str | os.PathLike], output: str | os.PathLike) -> dict[str, Any]:
+def check_output(output: Path) -> None:
+    """Refuse an output that is a folder, or a file that training owns in a checkpoints folder
+    (the next `nmt train` would resume from the average, or overwrite it)."""
+    check_file_target(output, "-o", "checkpoint_avg.pt")
+    owned = output.name in TRAINING_NAMES or EPOCH_NAME.match(output.name) or UPDATE_NAME.match(output.name)
+    if owned and output.absolute().parent.name == "checkpoints":
+        raise NmtError(f"-o {output} is a file that `nmt train` writes and resumes from; "
+                       f"write the average elsewhere, e.g. {output.parent / 'checkpoint_avg.pt'}")
+
+
+def owning_run_dir(output: Path, rd: RunDir) -> Optional[RunDir]:
+    """The run directory an output file lands in: `rd` when inside it, else the run of a
+    RUN/checkpoints/ folder; None for a file outside any run directory."""
+    out = output.absolute()
+    if out.is_relative_to(rd.root.absolute()):
+        return rd
+    if out.parent.name == "checkpoints":
+        return RunDir(out.parent.parent)
+    return None
+
+
+def average_into(rd: RunDir, paths: Sequence[Path], output: Path, warn: Callable[[str], None]) -> dict[str, Any]:
+    """`nmt average-checkpoints`: check the output, hold the run directory it lands in (one
+    writer at a time), check the inputs' vocabulary against that run's, then average."""
+    check_output(output)
+    run = owning_run_dir(output, rd)
+    if run is None:
+        return average_checkpoints(paths, output, warn=warn)
+    with RunLock(run.root, command_line()):
+        left = remove_leftover_temps(output.parent)
+        if left:
+            warn(f"removed {len(left)} temporary file(s) left by an interrupted write: {', '.join(map(str, left))}")
+        expected = run_identity(run) if run.has_record("preprocess") else None
+        return average_checkpoints(paths, output, expected=expected, warn=warn)
+
+
+def _once(warn: Callable[[str], None]) -> Callable[[str], None]:
+    said: list[str] = []
+
+    def first_only(message: str) -> None:
+        if not said:
+            said.append(message)
+            warn(message)
+
+    return first_only
+
+
+def _check_same_vocabulary(first: Path, first_identity: Optional[dict[str, Any]], path: Path,
+                           identity: Optional[dict[str, Any]], warn: Callable[[str], None]) -> None:
+    """Refuse to average models of different vocabularies: token ids would mean other pieces."""
+    if first_identity is None or identity is None:
+        return  # nothing recorded: the parameter shapes were compared already
+    difference = identity_difference(first_identity, identity)
+    if difference is not None:
+        raise NmtError(f"cannot average {first} and {path}: trained with different vocabularies ({difference})")
+    if ("vocab_sha256" in first_identity) != ("vocab_sha256" in identity):
+        warn(f"{first if 'vocab_sha256' not in first_identity else path} predates vocabulary identities: "
+             f"only vocabulary sizes could be compared")
+
+
+def average_checkpoints(paths: Sequence[str | os.PathLike], output: str | os.PathLike,
+                        expected: Optional[dict[str, Any]] = None,
+                        warn: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
     """Write the element-wise mean of the models in `paths` to `output`, atomically.
 
     The result carries the first checkpoint's model configuration, the averaged file names
     in "averaged_from", and no optimizer or training state (it is for translation, not for
     resuming). Floating-point parameters are summed in fp32 (fp64 if stored in fp64) and cast
     back to their stored dtype; other tensors are taken from the first checkpoint.
-    Returns the written checkpoint dict.
+    All checkpoints must come from one vocabulary (`nmt.identity`), and from the run's
+    (`expected`) when one is given; the result carries that identity. Returns the written
+    checkpoint dict.
     """
     paths = [Path(p) for p in paths]
     if not paths:
@@ -158,11 +256,18 @@ def average_checkpoints(paths: Sequence[str | os.PathLike], output: str | os.Pat
     # Keep only what checking the others needs; the tensors themselves are in `total` now.
     config = first_ckpt["config"]
     shapes = {name: tuple(t.shape) for name, t in first_ckpt["model"].items()}
+    identity = checkpoint_identity(first_ckpt)
+    warn = _once(warn)  # one warning for 20 old checkpoints, not 20
+    if expected is not None:
+        check_identity(identity, expected, f"checkpoint {first}", warn)
     del first_ckpt
 
     for path in paths[1:]:
         ckpt = load_checkpoint(path)
         _check_same_model(first, config, shapes, path, ckpt)
+        _check_same_vocabulary(first, identity, path, checkpoint_identity(ckpt), warn)
+        if expected is not None:
+            check_identity(checkpoint_identity(ckpt), expected, f"checkpoint {path}", warn)
         for name, t in ckpt["model"].items():
             if total[name].is_floating_point():
                 total[name].add_(t.to(total[name].dtype))
@@ -180,6 +285,9 @@ def average_checkpoints(paths: Sequence[str | os.PathLike], output: str | os.Pat
         "model": averaged,
         "config": config,
         "averaged_from": averaged_from,
+        "averaged_updates": [_stored_update(p) for p in paths],
     }
+    if identity is not None and "vocab_sha256" in identity:
+        checkpoint[IDENTITY_KEY] = identity
     save_checkpoint(output, checkpoint)
     return checkpoint

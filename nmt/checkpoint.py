@@ -22,8 +22,15 @@ CHECKPOINT_VERSION = 1
 
 def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None:
     """Write `checkpoint` to `path` atomically: a crash never leaves a damaged file there."""
-    with atomic_path(path) as tmp:
-        torch.save(checkpoint, tmp)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        try:
+            torch.save(checkpoint, f)
+        except RuntimeError as e:
+            # Through a Python file, a full disk is an OSError (ENOSPC) that torch's zip writer
+            # then buries under "unexpected pos"; the OSError is what the user can act on.
+            if isinstance(e.__context__, OSError):
+                raise e.__context__ from None
+            raise
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -34,7 +41,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch raises many types for truncated/corrupt zip files
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        reason = str(e).splitlines()[0].split(". ")[0] if str(e) else type(e).__name__
         raise NmtError(f"checkpoint {path} is damaged or not an nmt checkpoint ({reason})") from None
     if not isinstance(checkpoint, dict) or "model" not in checkpoint or "config" not in checkpoint:
         raise NmtError(f"checkpoint {path} is not an nmt checkpoint (no 'model'/'config' entries)")

@@ -11,7 +11,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from nmt.checkpoint import save_checkpoint
 
@@ -31,17 +31,58 @@ def epoch_checkpoints(folder: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def newest_intact_checkpoint(folder: Path, exclude: Optional[Path] = None) -> Optional[Path]:
+    """The most recent numbered checkpoint that loads, to name in a recovery hint.
+
+    checkpoint_last.pt and the newest numbered checkpoint can be hard links to one file, so a
+    damaged last one may share its data with them: candidates are checked by loading, and a
+    link to `exclude` (the same inode) is skipped without trying.
+    """
+    from nmt.checkpoint import load_checkpoint
+    from nmt.errors import NmtError
+
+    excluded = None
+    if exclude is not None and exclude.exists():
+        st = exclude.stat()
+        excluded = (st.st_dev, st.st_ino)
+    candidates = interval_checkpoints(folder) + epoch_checkpoints(folder)
+    for path in sorted(candidates, key=_stored_update_or_mtime, reverse=True):
+        st = path.stat()
+        if excluded == (st.st_dev, st.st_ino):
+            continue
+        try:
+            load_checkpoint(path)
+        except NmtError:
+            continue
+        return path
+    return None
+
+
+def _stored_update_or_mtime(path: Path) -> tuple[float, float]:
+    m = INTERVAL_RE.search(path.name)
+    return (float(m.group(2)) if m else -1.0, path.stat().st_mtime)
+
+
 class CheckpointManager:
     def __init__(self, folder: Path, keep_last: int = -1, keep_last_epochs: int = -1, enabled: bool = True):
         self.folder, self.keep_last, self.keep_last_epochs, self.enabled = folder, keep_last, keep_last_epochs, enabled
 
-    def save(self, checkpoint: dict[str, Any], names: list[str]) -> None:
-        """Write `checkpoint` under every name in `names` (first written, the rest linked)."""
-        if not self.enabled or not names:
+    def save(self, full_state: dict[str, Any], full_names: list[str],
+             model_state: Optional[dict[str, Any]] = None, model_only_names: Sequence[str] = ()) -> None:
+        """Write `full_state` once under `full_names` (the first written, the rest hard links), and
+        `model_state` once under `model_only_names`. checkpoint_last.pt goes first: it is what a
+        resume after a crash mid-save needs."""
+        if not self.enabled:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
-        # checkpoint_last.pt first: it is what a resume after a crash mid-save needs
-        names = sorted(names, key=lambda n: n != "checkpoint_last.pt")
+        full_names = sorted(full_names, key=lambda n: n != "checkpoint_last.pt")
+        if full_names:
+            self._write_linked(full_state, full_names)
+        if model_only_names:
+            self._write_linked(model_state if model_state is not None else full_state, list(model_only_names))
+        self.prune()
+
+    def _write_linked(self, checkpoint: dict[str, Any], names: list[str]) -> None:
         first = self.folder / names[0]
         save_checkpoint(first, checkpoint)
         for name in names[1:]:
@@ -54,7 +95,6 @@ class CheckpointManager:
             except OSError:  # filesystems without hard links
                 shutil.copyfile(first, tmp)
             os.replace(tmp, target)
-        self.prune()
 
     def prune(self) -> None:
         if self.keep_last >= 0:
@@ -63,8 +103,3 @@ class CheckpointManager:
         if self.keep_last_epochs >= 0:
             for p in epoch_checkpoints(self.folder)[: -self.keep_last_epochs or None]:
                 p.unlink(missing_ok=True)
-
-    def newest_interval_or_epoch(self) -> Optional[Path]:
-        """The most recent numbered checkpoint, to suggest when checkpoint_last.pt is damaged."""
-        candidates = interval_checkpoints(self.folder) + epoch_checkpoints(self.folder)
-        return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None

@@ -56,3 +56,9 @@ def count_reasons(codes: np.ndarray) -> dict[str, int]:
     """{reason: number of pairs} for the codes returned by `drop_codes`."""
     counts = np.bincount(codes.astype(np.int64), minlength=len(DROP_REASONS) + 1)
     return {reason: int(counts[i + 1]) for i, reason in enumerate(DROP_REASONS)}
+
+
+def reasons_text(reasons: dict[str, int]) -> str:
+    """'too long 12, ratio 3' for a {reason: count} dict; 'none' when all are zero."""
+    parts = [f"{reason.replace('_', ' ')} {n}" for reason, n in reasons.items() if n]
+    return ", ".join(parts) if parts else "none"

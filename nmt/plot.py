@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from nmt.atomic import atomic_path
+from nmt.atomic import atomic_path, check_file_target
 from nmt.errors import NmtError
 
 
@@ -60,6 +60,7 @@ def _import_matplotlib():
 
 def plot_learning_curves(jsonl_path: str | os.PathLike, png_path: str | os.PathLike) -> Path:
     """Draw the learning curves of a train.jsonl into `png_path` (written atomically)."""
+    check_file_target(Path(png_path), "-o", "learning_curves.png")
     records = read_train_log(jsonl_path)
     train_loss = _series(records, "train", "loss")
     valid_loss = _series(records, "valid", "loss")

@@ -30,6 +30,23 @@ def resolve_run_dir(run_dir: str | os.PathLike | None) -> Path:
     return Path(run_dir)
 
 
+def check_run_dir_path(root: Path) -> Path:
+    """`root` itself, after checking that it is, or can become, a directory.
+
+    Checked before any work: a run directory named inside a regular file would otherwise
+    fail only when the results are moved into place, after all the work is done.
+    """
+    if root.exists() and not root.is_dir():
+        raise NmtError(f"--run-dir {root} is a file, not a directory; choose another --run-dir")
+    for parent in root.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise NmtError(f"--run-dir {root} cannot be created: {parent} is a file, not a directory; "
+                               f"choose another --run-dir")
+            break
+    return root
+
+
 @dataclass(frozen=True)
 class RunDir:
     """Paths inside one run directory, and its JSON records."""

@@ -5,7 +5,7 @@
 rises linearly for `warmup` steps, then decays with the inverse square root of the step.
 fairseq's `inverse_sqrt` is the same curve named by its peak: lr(step) = peak *
 min(step / warmup, sqrt(warmup / step)); `--lr` picks that form, `--lr-scale` multiplies
-the paper's form.
+the paper's form. `warmup` 0 means no warmup: the decay alone, from step 1.
 """
 
 from __future__ import annotations
@@ -16,12 +16,16 @@ import math
 def paper_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
     """The paper's lrate at 1-based update `step`."""
     step = max(step, 1)
+    if warmup <= 0:
+        return scale * d_model**-0.5 * step**-0.5
     return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
 def peak_lr(step: int, peak: float, warmup: int) -> float:
     """fairseq's inverse_sqrt with linear warmup from 0 to `peak` at step `warmup`."""
     step = max(step, 1)
+    if warmup <= 0:
+        return peak * step**-0.5
     return peak * min(step / warmup, math.sqrt(warmup / step))
 
 

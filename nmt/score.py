@@ -40,16 +40,19 @@ COMPOUND_SPLIT_LABEL = (
 # ---------------------------------------------------------------------------------------
 
 
-def read_references(ref_paths: Sequence[str | Path], n_hypotheses: int, hyp_name: str) -> list[list[str]]:
+def read_references(ref_paths: Sequence[str | Path], n_hypotheses: int, hyp_name: str,
+                    errors: str = "strict") -> list[list[str]]:
     """Read each reference file (plain or .gz) and check it has one line per hypothesis.
 
     Returns one list of lines per reference file (sacreBLEU's "streams" layout).
     """
     if not ref_paths:
         raise NmtError("no reference given; pass --ref FILE (repeat it for several references)")
+    if n_hypotheses == 0:
+        raise NmtError(f"{hyp_name} holds no hypotheses; nothing to score (give the translations of the references)")
     refs = []
     for path in ref_paths:
-        lines = list(read_lines(path))
+        lines = list(read_lines(path, errors))
         if len(lines) != n_hypotheses:
             raise NmtError(
                 f"line counts differ: {n_hypotheses} hypotheses in {hyp_name} but {len(lines)} "

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import gzip
 import io
+import zlib
 from pathlib import Path
-from typing import IO, Iterator, Sequence
+from typing import IO, Any, Iterator, Sequence
 
 from nmt.errors import NmtError
 
@@ -16,8 +17,56 @@ def open_binary(path: str | Path) -> IO[bytes]:
     if not path.is_file():
         raise NmtError(f"file not found: {path}")
     if path.suffix == ".gz":
-        return gzip.open(path, "rb")
+        return CheckedGzip(path)  # type: ignore[return-value]
     return open(path, "rb", buffering=1 << 20)
+
+
+class CheckedGzip:
+    """A `.gz` file read as bytes, whose damage is a user error naming the file and the line.
+
+    Python reports a file that is not gzip as BadGzipFile, a truncated one as EOFError
+    (which click turns into a bare "Aborted!") and corrupt data as zlib.error, none of them
+    saying which file or how far it got. Lines are counted as they are read, by iteration or
+    by `read`.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.lines = 0
+        self._f = gzip.open(path, "rb")
+
+    def _damaged(self, e: BaseException) -> NmtError:
+        reason = str(e) or type(e).__name__
+        if self.lines == 0 and isinstance(e, gzip.BadGzipFile):
+            return NmtError(f"{self.path} is not gzip data ({reason}), though its name ends in .gz; "
+                            f"decompress or rename it")
+        return NmtError(f"{self.path} is damaged after line {self.lines} ({reason}); "
+                        f"download or compress it again")
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            for line in self._f:
+                self.lines += 1
+                yield line
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+            raise self._damaged(e) from None
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            block = self._f.read(size)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+            raise self._damaged(e) from None
+        self.lines += block.count(b"\n")
+        return block
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> "CheckedGzip":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def decode_line(raw: bytes, path: str | Path, lineno: int, errors: str = "strict") -> str:

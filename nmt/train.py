@@ -1,17 +1,27 @@
 """`nmt train`: the paper's training recipe (Section 5), top to bottom, resumable.
 
-One explicit loop (nanoGPT style): build the model from the run directory's vocabulary, form
-token-count batches per epoch, accumulate `update_freq` batches per update (per process under
-DDP), step Adam on the paper's schedule, log, validate and checkpoint. Everything that decides
-what happens next (model, optimizer, RNG states, epoch and position inside it, wall time) is in
-the checkpoint, so re-running the same command after a crash continues exactly.
+One explicit loop (nanoGPT style) over the policy; the mechanism of an update lives in
+`nmt.engine.TrainEngine`, the decisions of when to validate, save and stop in
+`nmt.train_policy`, and where a launch starts in `nmt.train_resume`:
+
+    resolve the launch (resume / restore / fine-tune / fresh, and the run's recorded settings)
+    for each epoch: its batches (a pure function of seed and epoch), in groups of one update
+        engine.step(group) -> log -> decide (validate? save? stop?) on the training clock
+        save: checkpoint_last.pt + interval/epoch names, with the log offsets of that moment
+
+Everything that decides what happens next (model, optimizer, RNG states, epoch and position
+inside it, the training clock and its save schedule, lr offset, batching settings, the length
+of the logs) is in checkpoint_last.pt, so re-running the command after a crash continues exactly
+and logs every update once.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -20,23 +30,31 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from nmt import distributed as dist_util
-from nmt.batching import Batch, collate, make_batches, usable_indices
-from nmt.checkpoint import CHECKPOINT_VERSION, load_checkpoint, save_checkpoint
+from nmt import train_policy
+from nmt.atomic import remove_leftover_temps
+from nmt.batching import collate, make_batches, usable_indices
+from nmt.checkpoint import CHECKPOINT_VERSION
 from nmt.checkpoints_dir import CheckpointManager
 from nmt.data import TokenArray
-from nmt.errors import NmtError
-from nmt.loss import label_smoothed_nll_loss
+from nmt.engine import SkippedStep, TrainEngine, forward_loss
+from nmt.errors import Interrupted, NmtError
+from nmt.identity import IDENTITY_KEY, check_identity, checkpoint_identity, run_identity
+from nmt.loss import label_smoothed_nll_loss  # noqa: F401  (tests patch it through nmt.engine)
 from nmt.model import Transformer, TransformerConfig, build_config
 from nmt.precision import Precision
 from nmt.rundir import RunDir
+from nmt.runlock import RunLock, command_line
 from nmt.schedule import learning_rate
 from nmt.train_config import TrainConfig
-from nmt.train_log import TrainLogger
+from nmt.train_log import TrainLogger, log_offsets, truncate_logs
+from nmt.train_resume import BATCHING_FIELDS, Launch, given_from_defaults, launch_record, resolve_launch
 
 LN2 = math.log(2.0)
+
+# Fields of TransformerConfig that change training, not the shape or meaning of the weights.
+NON_ARCHITECTURE_FIELDS = frozenset({"dropout", "attention_dropout", "relu_dropout"})
 
 
 @dataclass
@@ -46,13 +64,22 @@ class TrainState:
     epoch: int = 1
     """Current epoch (1-based)."""
     updates_in_epoch: int = 0
-    """Updates already done in the current epoch; resuming skips their batches."""
+    """Update groups of the current epoch already consumed; resuming skips their batches."""
     update: int = 0
     train_time: float = 0.0
-    """Training wall-clock seconds summed over all sessions (for --max-time)."""
+    """The training clock: wall-clock seconds of training, validation and saving, summed over launches."""
     best_loss: Optional[float] = None
     best_bleu: Optional[float] = None
     consecutive_skips: int = 0
+    lr_offset: int = 0
+    """Set by --reset-lr-scheduler: the schedule restarts at update lr_offset + 1."""
+    last_interval_save_time: float = 0.0
+    """The training clock at the last time-interval checkpoint (the schedule of --save-interval-minutes)."""
+    last_valid_update: int = -1
+    batching: dict[str, int] = field(default_factory=dict)
+    """max_tokens, update_freq, seed and world size that formed this epoch's batches."""
+    log_offsets: dict[str, int] = field(default_factory=dict)
+    """Bytes of logs/train.jsonl and train.log at the save; a resume truncates to them."""
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -129,19 +156,6 @@ def validation_loss(model: Transformer, corpus: Corpus, max_tokens: int, device:
             "ppl": 2 ** (totals[1].item() / n / LN2), "ntokens": int(totals[2].item())}
 
 
-def forward_loss(model: torch.nn.Module, batch: Batch, label_smoothing: float, precision: Precision) -> tuple[Tensor, Tensor]:
-    """(smoothed loss sum, NLL sum) in nats; the projection runs on non-pad positions only."""
-    with precision.autocast():
-        core: Transformer = model.module if hasattr(model, "module") else model
-        if model is core:
-            hidden = core.decode_hidden(batch.prev, core.encode(batch.src))
-        else:  # DDP: go through forward so gradients are synchronised
-            hidden = model(batch.src, batch.prev, return_hidden=True)
-        mask = batch.target.ne(0)
-        logits = core.project(hidden[mask])  # (N, V)
-        return label_smoothed_nll_loss(logits, batch.target[mask], label_smoothing)
-
-
 def _rng_state(device: torch.device) -> dict[str, Any]:
     state = {"torch": torch.get_rng_state()}
     if device.type == "cuda":
@@ -155,14 +169,56 @@ def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-class Trainer:
-    """Owns the model, optimizer and state of one training process (one rank)."""
+def _architecture(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in config.items() if k not in NON_ARCHITECTURE_FIELDS}
 
-    def __init__(self, run_dir: Path, cfg: TrainConfig, ctx: dist_util.DistContext):
-        cfg.validate()
-        self.cfg, self.ctx = cfg, ctx
+
+class TrainingClock:
+    """The training clock: seconds trained before this launch plus this launch's wall time."""
+
+    def __init__(self, already: float):
+        self.already, self.start = already, time.monotonic()
+
+    def __call__(self) -> float:
+        return self.already + (time.monotonic() - self.start)
+
+
+class InterruptFlag:
+    """The first Ctrl-C asks training to save and stop after the current update; a second one
+    restores Python's default and so stops at once."""
+
+    def __init__(self) -> None:
+        self.raised = False
+        self._previous: Any = None
+
+    def __enter__(self) -> "InterruptFlag":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.raised = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+class Trainer:
+    """The loop of one training process (one rank): policy over a `TrainEngine`."""
+
+    def __init__(self, run_dir: Path, cfg: TrainConfig, ctx: dist_util.DistContext, given: Optional[set[str]] = None):
+        self.ctx = ctx
         self.rd = RunDir(Path(run_dir))
         self.prep = self.rd.read_record("preprocess")
+        cfg.validate()
+        recorded = self.rd.read_record("train") if self.rd.has_record("train") else None
+        self.launch: Launch = resolve_launch(self.rd.checkpoint_dir, recorded, cfg,
+                                             given if given is not None else given_from_defaults(cfg))
+        self.cfg = cfg = self.launch.cfg
+        cfg.validate()
+        self.history = list((recorded or {}).get("launches", [])) if self.launch.mode == "resume" or recorded else []
         self.device = ctx.device
         if cfg.threads > 0:
             torch.set_num_threads(cfg.threads)
@@ -170,30 +226,33 @@ class Trainer:
             # Adam's second moments and tiny gradients reach denormal floats, which x86 cores
             # compute up to 100x slower; flushing them to zero changes nothing measurable.
             torch.set_flush_denormal(True)
-        self.precision = Precision.create(cfg.amp, self.device, cfg.min_loss_scale)
 
         self.model_cfg = model_config_for(cfg, self.prep)
-        self.ckpts = CheckpointManager(self.rd.checkpoint_dir, cfg.keep_last, cfg.keep_last_epochs, ctx.is_main)
-        resume = self._find_resume_checkpoint()
-        if resume is not None:
-            saved_cfg = TransformerConfig.from_dict(resume["config"])
-            if cfg.finetune_from is None and saved_cfg != self.model_cfg:
-                diff = [k for k, v in self.model_cfg.to_dict().items() if saved_cfg.to_dict().get(k) != v]
+        self.identity = run_identity(self.rd)
+        self.notes: list[str] = list(self.launch.notes)
+        ckpt = self.launch.checkpoint
+        if ckpt is not None:  # token ids mean pieces of one vocabulary: refuse another's model
+            check_identity(checkpoint_identity(ckpt), self.identity, f"checkpoint {self.launch.checkpoint_path}",
+                           warn=lambda message: self.notes.append(f"warning: {message}"))
+        if ckpt is not None and self.launch.mode in ("resume", "restore"):
+            saved = _architecture(ckpt["config"])
+            diff = [k for k, v in _architecture(self.model_cfg.to_dict()).items() if saved.get(k) != v]
+            if diff:
                 raise NmtError(
-                    f"the run directory's checkpoint is a different model ({', '.join(diff)} differ); "
-                    f"use a new --run-dir, or the same model flags to resume"
+                    f"{self.launch.checkpoint_path} is a different model from what the flags and vocabulary give "
+                    f"({', '.join(f'{k} {saved.get(k)} vs {getattr(self.model_cfg, k)}' for k in diff[:3])}); "
+                    f"use a new --run-dir, or the run's own settings"
                 )
-        torch.manual_seed(cfg.seed)
-        self.model = Transformer(self.model_cfg).to(self.device)
-        self.optimizer = torch.optim.Adam(
-            self.model.parameters(), lr=0.0, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
-            weight_decay=cfg.weight_decay, fused=True,
+        self.ckpts = CheckpointManager(self.rd.checkpoint_dir, cfg.keep_last, cfg.keep_last_epochs, ctx.is_main)
+        self.engine = TrainEngine(
+            self.model_cfg, ctx, amp=cfg.amp, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay, label_smoothing=cfg.label_smoothing, clip_norm=cfg.clip_norm,
+            min_loss_scale=cfg.min_loss_scale, seed=cfg.seed,
         )
+        self.model, self.precision = self.engine.model, self.engine.precision
         self.state = TrainState()
-        if resume is not None:
-            self._restore(resume)
-            self.resumed_from = resume.get("_path")
-        self.ddp_model = ctx.wrap(self.model)
+        if ckpt is not None:
+            self._restore(ckpt)
 
         self.train_data = load_corpus(self.rd, self.prep, "train", self.model_cfg.max_positions)
         if len(self.train_data.indices) == 0:
@@ -202,75 +261,79 @@ class Trainer:
             load_corpus(self.rd, self.prep, "valid", self.model_cfg.max_positions)
             if (self.rd.data_dir / f"valid.{self.prep['source_lang']}.idx").is_file() else None
         )
+        self._check_batching()
+        if ctx.is_main:
+            truncate_logs(self.rd.log_dir, self._log_offsets_to_keep())
+        self.saved_log_offsets = log_offsets(self.rd.log_dir)
         self.logger = TrainLogger(self.rd.log_dir, cfg.log_interval, enabled=ctx.is_main, progress_bar=not cfg.no_progress_bar)
 
-    # -- resume -------------------------------------------------------------------------
-    def _find_resume_checkpoint(self) -> Optional[dict[str, Any]]:
-        cfg = self.cfg
-        if cfg.finetune_from:
-            ckpt = load_checkpoint(cfg.finetune_from)
-            ckpt["_path"] = str(cfg.finetune_from)
-            return ckpt
-        path = Path(cfg.restore_file) if cfg.restore_file else self.rd.checkpoint_dir / "checkpoint_last.pt"
-        if not path.is_file():
-            if cfg.restore_file:
-                raise NmtError(f"--restore-file {path} does not exist")
-            return None
-        try:
-            ckpt = load_checkpoint(path)
-            ckpt["_path"] = str(path)
-            return ckpt
-        except NmtError as e:
-            previous = self.ckpts.newest_interval_or_epoch()
-            hint = (f"resume from the previous one with --restore-file {previous}" if previous
-                    else "move it away to start afresh")
-            raise NmtError(f"{e}; it was not replaced: {hint}") from None
-
+    # -- launch -------------------------------------------------------------------------
     def _restore(self, ckpt: dict[str, Any]) -> None:
-        cfg = self.cfg
-        self.model.load_state_dict(ckpt["model"])
-        if cfg.finetune_from:
+        """Apply the launch's checkpoint by the one resume rule (see nmt.train_resume)."""
+        cfg, mode = self.cfg, self.launch.mode
+        self.engine.load_model(ckpt["model"])
+        if mode == "finetune":
             return
         self.state = TrainState.from_dict(ckpt.get("train_state", {}))
-        if not cfg.reset_optimizer and "optimizer" in ckpt:
-            self.optimizer.load_state_dict(ckpt["optimizer"])
-        if cfg.reset_lr_scheduler:
-            self.lr_offset = self.state.update
-        if cfg.reset_dataloader:
-            self.state.epoch, self.state.updates_in_epoch = self.state.epoch + (self.state.updates_in_epoch > 0), 0
-        if "rng" in ckpt and not cfg.reset_dataloader:
+        first_launch = mode == "restore"
+        if first_launch and cfg.reset_optimizer:
+            pass
+        elif "optimizer" in ckpt:
+            self.engine.load_optimizer(ckpt["optimizer"])
+        else:
+            self.notes.append(f"{self.launch.checkpoint_path} holds no optimizer state (a model-only epoch "
+                              f"checkpoint): Adam's moments start afresh")
+        if first_launch and cfg.reset_lr_scheduler:
+            self.state.lr_offset = self.state.update
+        if first_launch and cfg.reset_dataloader:
+            self.state.epoch += self.state.updates_in_epoch > 0
+            self.state.updates_in_epoch = 0
+        elif "rng" in ckpt:
             _set_rng_state(ckpt["rng"], self.device)
-        if "scaler" in ckpt:
-            self.precision.load_state_dict(ckpt["scaler"])
+        self.engine.load_scaler(ckpt.get("scaler"))
 
-    lr_offset: int = 0
-    resumed_from: Optional[str] = None
+    def _batching(self) -> dict[str, int]:
+        return {**{k: int(getattr(self.cfg, k)) for k in BATCHING_FIELDS}, "world_size": self.ctx.world_size}
+
+    def _check_batching(self) -> None:
+        """Resuming with other batching settings cannot continue the epoch's list: restart it."""
+        s, now = self.state, self._batching()
+        if s.batching and s.batching != now and s.updates_in_epoch > 0:
+            diff = ", ".join(f"{k} {s.batching.get(k)} -> {v}" for k, v in now.items() if s.batching.get(k) != v)
+            self.notes.append(f"warning: batching changed ({diff}), so epoch {s.epoch} restarts from its beginning "
+                              f"with the new batches ({s.updates_in_epoch} updates of it were done)")
+            s.updates_in_epoch = 0
+        s.batching = now
+
+    def _log_offsets_to_keep(self) -> dict[str, int]:
+        """A resume keeps the logs as they were at its checkpoint; a new start keeps nothing."""
+        path = self.launch.checkpoint_path
+        own = path is not None and path.resolve().parent == self.rd.checkpoint_dir.resolve()
+        if self.launch.mode in ("resume", "restore") and own and self.state.log_offsets:
+            return self.state.log_offsets
+        if self.launch.mode in ("resume", "restore") and own:
+            return {}  # an older checkpoint without offsets: keep the logs whole
+        return {"train.jsonl": 0, "train.log": 0}
 
     def checkpoint_dict(self) -> dict[str, Any]:
         return {
             "version": CHECKPOINT_VERSION,
-            "model": self.model.state_dict(),
+            **self.engine.state_dict(),
             "config": self.model_cfg.to_dict(),
-            "optimizer": self.optimizer.state_dict(),
             "train_state": self.state.to_dict(),
             "train_config": self.cfg.to_dict(),
             "rng": _rng_state(self.device),
-            "scaler": self.precision.state_dict(),
+            IDENTITY_KEY: self.identity,
         }
+
+    def model_only_dict(self) -> dict[str, Any]:
+        """For epoch checkpoints: enough to translate, average and inspect; no optimizer."""
+        return {"version": CHECKPOINT_VERSION, "model": self.model.state_dict(), "config": self.model_cfg.to_dict(),
+                "train_state": self.state.to_dict(), "train_config": self.cfg.to_dict(), IDENTITY_KEY: self.identity}
 
     # -- the loop -----------------------------------------------------------------------
     def lr_at(self, update: int) -> float:
-        return learning_rate(update - self.lr_offset, self.model_cfg.d_model, self.cfg.warmup, self.cfg.lr_scale, self.cfg.lr)
-
-    def limits_reached(self) -> Optional[str]:
-        cfg, s = self.cfg, self.state
-        if cfg.max_update and s.update >= cfg.max_update:
-            return "max_update"
-        if cfg.max_epoch and s.epoch > cfg.max_epoch:
-            return "max_epoch"
-        if cfg.max_time and s.train_time >= cfg.max_time:
-            return "max_time"
-        return None
+        return learning_rate(update - self.state.lr_offset, self.model_cfg.d_model, self.cfg.warmup, self.cfg.lr_scale, self.cfg.lr)
 
     def epoch_groups(self, epoch: int) -> list[list[np.ndarray]]:
         """This epoch's batches in groups of world_size x update_freq: one group per update."""
@@ -279,80 +342,44 @@ class Trainer:
         per_update = self.ctx.world_size * self.cfg.update_freq
         return [batches[i : i + per_update] for i in range(0, len(batches), per_update)]
 
-    def train_step(self, group: list[np.ndarray]) -> Optional[dict[str, float]]:
-        """One update from a group of batches; this rank takes every world_size-th batch.
+    def micro_batches(self, group: list[np.ndarray]) -> list[tuple[Any, float]]:
+        """This rank's share of one update's batches; every rank runs the same number of
+        micro-steps, padding with a weight-0 batch so DDP's collectives stay in step."""
+        ctx, d = self.ctx, self.train_data
+        mine = [(collate(d.src, d.tgt, ids), 1.0) for ids in group[ctx.rank :: ctx.world_size]]
+        n_micro = -(-len(group) // ctx.world_size)
+        while len(mine) < n_micro:
+            mine.append((collate(d.src, d.tgt, group[0]), 0.0))
+        return mine
 
-        Gradients are sums over tokens divided by the update's total target tokens across all
-        ranks, so N processes equal one process with N times the update frequency.
-        """
-        ctx, cfg = self.ctx, self.cfg
-        mine = group[ctx.rank :: ctx.world_size]
-        n_micro = -(-len(group) // ctx.world_size)  # every rank runs the same number of micro-steps
-        batches = [collate(self.train_data.src, self.train_data.tgt, ids) for ids in mine]
-        local = torch.tensor([sum(b.n_tgt_tokens for b in batches), sum(b.n_src_tokens for b in batches),
-                              sum(b.n_sentences for b in batches)], dtype=torch.float64)
-        totals = ctx.all_reduce_sum(local.clone())
-        tgt_tokens = totals[0].item()
+    def train_step(self, group: list[np.ndarray]) -> Optional[dict[str, float]]:
+        """One update through the engine; None when it was skipped (non-finite)."""
         update = self.state.update + 1
-        lr = self.lr_at(update)
-        for group_ in self.optimizer.param_groups:
-            group_["lr"] = lr
-        self.model.train()
-        loss_sum = nll_sum = 0.0
-        for i in range(n_micro):
-            weight = 1.0
-            if i < len(batches):
-                batch = batches[i]
-            else:  # dummy micro-step keeps DDP's collectives in step on every rank
-                batch, weight = collate(self.train_data.src, self.train_data.tgt, group[0]), 0.0
-            batch = batch.to(self.device)
-            sync = nullcontext() if i == n_micro - 1 else ctx.no_sync(self.ddp_model)
-            try:
-                with sync:
-                    loss, nll = forward_loss(self.ddp_model, batch, cfg.label_smoothing, self.precision)
-                    scaled = loss * (weight * ctx.world_size / tgt_tokens)
-                    self.precision.backward(scaled)
-            except torch.OutOfMemoryError:
-                # Skipping on one rank would leave the others waiting in the all-reduce
-                # (fairseq#810), so the whole job stops, checkpoints intact, with advice.
-                raise NmtError(
-                    f"out of memory on rank {ctx.rank} at update {update} with a batch of {batch.n_sentences} "
-                    f"sentences ({batch.n_src_tokens}+{batch.n_tgt_tokens} tokens); lower --max-tokens (raise "
-                    f"--update-freq to keep the batch), then re-run to resume from checkpoint_last.pt"
-                ) from None
-            if weight:
-                loss_sum += loss.item()
-                nll_sum += nll.item()
-        gnorm, ok = self.precision.unscale_and_clip(self.optimizer, self.model.parameters(), cfg.clip_norm)
-        if not ok:
-            self.optimizer.zero_grad(set_to_none=True)
-            self.precision.update(skipped=True)
+        out = self.engine.step(self.micro_batches(group), self.lr_at(update))
+        if isinstance(out, SkippedStep):
             self.state.consecutive_skips += 1
-            if self.state.consecutive_skips >= cfg.max_skips:
+            if self.state.consecutive_skips >= self.cfg.max_skips:
                 raise NmtError(
                     f"{self.state.consecutive_skips} updates in a row had a non-finite loss or gradient "
                     f"(last at update {update}); lower the learning rate (--lr-scale/--lr), add --clip-norm, "
                     f"or use --amp bf16/none"
                 )
-            self.logger.skip(update, self.state.epoch, gnorm, self.precision.scale_value())
+            self.logger.skip(update, self.state.epoch, out.gnorm, out.loss_scale)
             return None
-        self.precision.step(self.optimizer)
-        self.optimizer.zero_grad(set_to_none=True)
         self.state.consecutive_skips = 0
         self.state.update = update
-        stats = ctx.all_reduce_sum(torch.tensor([loss_sum, nll_sum], dtype=torch.float64))
-        return {"loss_sum": stats[0].item(), "nll_sum": stats[1].item(), "ntokens": tgt_tokens,
-                "src_tokens": totals[1].item(), "nsentences": totals[2].item(), "lr": lr, "gnorm": gnorm}
+        return out.as_dict()
 
     def validate(self) -> Optional[dict[str, float]]:
         if self.valid_data is None or len(self.valid_data.indices) == 0:
             return None
         metrics = validation_loss(self.model, self.valid_data, self.cfg.max_tokens, self.device, self.precision, self.ctx,
-                                   self.cfg.label_smoothing)
+                                  self.cfg.label_smoothing)
         if self.cfg.eval_bleu:
             from nmt.valid_bleu import validation_bleu
 
             metrics["bleu"] = validation_bleu(self.model, self.valid_data, self.prep, self.rd, self.device, self.ctx)
+        self.state.last_valid_update = self.state.update
         return metrics
 
     def _is_best(self, metrics: Optional[dict[str, float]]) -> bool:
@@ -371,87 +398,105 @@ class Trainer:
             return True
         return False
 
-    def save(self, names: list[str], metrics: Optional[dict[str, float]]) -> None:
-        best = self._is_best(metrics)
-        if best:
-            names = names + ["checkpoint_best.pt"]
+    def save(self, decision: train_policy.Decision, finished_epoch: int, metrics: Optional[dict[str, float]]) -> None:
+        full, model_only = train_policy.checkpoint_names(decision, finished_epoch, self.state.update,
+                                                         not self.cfg.no_epoch_checkpoints)
+        if self._is_best(metrics):
+            (model_only or full).append("checkpoint_best.pt")
+        if decision.interval_save and self.cfg.save_interval_minutes > 0:
+            self.state.last_interval_save_time = self.state.train_time
         if self.ctx.is_main:
-            self.ckpts.save(self.checkpoint_dict(), names)
-            self.logger.saved(names, self.state.update)
+            self.logger.saved(full + model_only, self.state.update)
+            self.state.log_offsets = log_offsets(self.rd.log_dir)
+            self.ckpts.save(self.checkpoint_dict(), full, self.model_only_dict() if model_only else None, model_only)
+            self.saved_log_offsets = self.state.log_offsets
         self.ctx.barrier()
+
+    def _shared_clock(self, clock: TrainingClock, interrupt: InterruptFlag) -> tuple[float, bool]:
+        """Rank 0's training clock and Ctrl-C, so that every rank takes the same decisions."""
+        shared = self.ctx.broadcast_from_main(torch.tensor([clock(), float(interrupt.raised)], dtype=torch.float64))
+        return float(shared[0]), bool(shared[1])
 
     def run(self) -> TrainResult:
         cfg, s, ctx = self.cfg, self.state, self.ctx
         if ctx.is_main:
+            self.history.append(launch_record(self.launch, s.update, sys.argv[1:] or None))
             self.rd.write_record("train", self.train_record())
         self.logger.start(self, self.describe())
+        for note in self.notes:
+            self.logger.info(note)
         if self.precision.name == "bf16" and self.device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
             self.logger.info("warning: this CPU has no native bf16 matrix units (AVX512-BF16/AMX), so --amp bf16 "
                              "runs slower than fp32 here; use --amp none")
-        if self.resumed_from:
-            how = "fine-tuning from" if cfg.finetune_from else "resuming from"
-            self.logger.info(f"{how} {self.resumed_from} at update {s.update}, epoch {s.epoch} "
+        if self.launch.mode != "fresh":
+            how = {"resume": "resuming from", "restore": "restoring from", "finetune": "fine-tuning from"}[self.launch.mode]
+            self.logger.info(f"{how} {self.launch.checkpoint_path} at update {s.update}, epoch {s.epoch} "
                              f"(+{s.updates_in_epoch} updates into it), {s.train_time / 60:.1f} min trained")
-        stopped = self.limits_reached()  # the limits given now: raising one continues a finished run
-        if stopped:
+        stopped = train_policy.stop_reason(cfg, s.update, s.epoch, s.train_time)
+        if stopped:  # the limits given now: raising one continues a finished run
             self.logger.info(f"training already finished at update {s.update} (epoch {s.epoch}); nothing to do")
             self.logger.close()
             return TrainResult(s.update, s.epoch, s.train_time, stopped, s.best_loss)
-        session_start = time.monotonic()
-        time_base = s.train_time
-        last_interval_save = time.monotonic()
-        while stopped is None:
-            groups = self.epoch_groups(s.epoch)
-            self.logger.epoch_start(s.epoch, len(groups), s.updates_in_epoch)
-            for g in range(s.updates_in_epoch, len(groups)):
-                out = self.train_step(groups[g])
-                s.train_time = time_base + (time.monotonic() - session_start)
-                if out is None:
-                    continue
-                s.updates_in_epoch = g + 1
-                self.logger.train_update(s, out)
-                # stop and save decisions come from rank 0's clock so all ranks agree
-                flags = torch.tensor([
-                    float(cfg.max_time > 0 and s.train_time >= cfg.max_time),
-                    float(cfg.save_interval_minutes > 0 and time.monotonic() - last_interval_save >= cfg.save_interval_minutes * 60),
-                ])
-                flags = ctx.broadcast_from_main(flags)
-                time_up, minute_save = bool(flags[0]), bool(flags[1])
-                validate_now = cfg.validate_interval_updates and s.update % cfg.validate_interval_updates == 0
-                save_now = (cfg.save_interval_updates and s.update % cfg.save_interval_updates == 0) or minute_save
-                metrics = self.validate() if validate_now else None
-                if metrics is not None:
-                    self.logger.valid(s, metrics)
-                if cfg.max_update and s.update >= cfg.max_update:
-                    stopped = "max_update"
-                elif time_up:
-                    stopped = "max_time"
-                if stopped and metrics is None:  # always end with a validation, as fairseq does
-                    metrics = self.validate()
-                    if metrics is not None:
-                        self.logger.valid(s, metrics)
-                if save_now or metrics is not None or stopped:
-                    last_interval_save = time.monotonic()
-                    self.save([f"checkpoint_{s.epoch}_{s.update}.pt", "checkpoint_last.pt"], metrics)
-                if stopped:
-                    break
-            self.logger.epoch_end()
-            if stopped:
-                break
-            # end of epoch: validate and checkpoint as fairseq does
-            metrics = self.validate()
-            if metrics is not None:
-                self.logger.valid(s, metrics)
-            finished_epoch = s.epoch
-            s.epoch, s.updates_in_epoch = s.epoch + 1, 0
-            stopped = self.limits_reached()
-            names = ["checkpoint_last.pt"] if cfg.no_epoch_checkpoints else [f"checkpoint{finished_epoch}.pt", "checkpoint_last.pt"]
-            self.save(names, metrics)
-            last_interval_save = time.monotonic()
+        clock = TrainingClock(s.train_time)
+        try:
+            with InterruptFlag() as interrupt:
+                while stopped is None:
+                    stopped = self._run_epoch(clock, interrupt)
+        except BaseException:
+            # A crash (full disk, out of memory, a second Ctrl-C) keeps the logs as they were at
+            # the last checkpoint: the updates after it will be done, and logged, again.
+            self.logger.close()
+            if ctx.is_main:
+                truncate_logs(self.rd.log_dir, self.saved_log_offsets)
+            raise
+        if stopped == "interrupted":
+            self.logger.info(f"interrupted at update {s.update}: checkpoint_last.pt saved; re-run the same command to resume")
+            self.logger.close()
+            raise Interrupted(f"training stopped at update {s.update}, saved in checkpoint_last.pt; "
+                              f"re-run the same command to resume")
         self.logger.info(f"done: {stopped} reached at update {s.update}, epoch {s.epoch}, "
                          f"{s.train_time / 60:.1f} min of training")
         self.logger.close()
         return TrainResult(s.update, s.epoch, s.train_time, stopped, s.best_loss)
+
+    def _run_epoch(self, clock: TrainingClock, interrupt: InterruptFlag) -> Optional[str]:
+        """The rest of the current epoch; returns why training stopped, or None to go on."""
+        cfg, s = self.cfg, self.state
+        groups = self.epoch_groups(s.epoch)
+        self.logger.epoch_start(s.epoch, len(groups), s.updates_in_epoch)
+        if s.updates_in_epoch >= len(groups):  # resumed exactly at an epoch's end
+            s.epoch, s.updates_in_epoch = s.epoch + 1, 0
+            self.logger.epoch_end()
+            return None
+        for g in range(s.updates_in_epoch, len(groups)):
+            out = self.train_step(groups[g])
+            s.updates_in_epoch = g + 1
+            s.train_time, interrupted = self._shared_clock(clock, interrupt)
+            if out is not None:
+                self.logger.train_update(s, out)
+            epoch_end = g + 1 == len(groups)
+            decision = train_policy.after_update(cfg, s, epoch_end, s.train_time, interrupted)
+            if out is None and not (decision.stop or epoch_end):
+                continue
+            metrics = None
+            if decision.validate and s.last_valid_update != s.update:
+                metrics = self.validate()
+                if metrics is not None:
+                    self.logger.valid(s, metrics)
+                s.train_time, interrupted = self._shared_clock(clock, interrupt)
+                late = train_policy.stop_reason(cfg, s.update, s.epoch + epoch_end, s.train_time, interrupted)
+                if decision.stop is None and late is not None:  # the budget ran out during validation
+                    decision = train_policy.Decision(False, late != "interrupted", epoch_end, late)
+            finished_epoch = s.epoch
+            if epoch_end:
+                s.epoch, s.updates_in_epoch = s.epoch + 1, 0
+            if decision.save:
+                self.save(decision, finished_epoch, metrics)
+            if decision.stop:
+                self.logger.epoch_end()
+                return decision.stop
+        self.logger.epoch_end()
+        return None
 
     # -- records ------------------------------------------------------------------------
     def describe(self) -> str:
@@ -478,14 +523,47 @@ class Trainer:
             "max_tokens_per_update": self.cfg.max_tokens * self.cfg.update_freq * self.ctx.world_size,
             "train_pairs": int(len(self.train_data.indices)),
             "skipped_long_pairs": self.train_data.n_skipped,
+            "launches": self.history,
         }
 
 
-def train(run_dir: str | os.PathLike, cfg: TrainConfig) -> TrainResult:
-    """Train in `run_dir` with `cfg`, on all local GPUs (DDP) if any, resuming if possible."""
-    return dist_util.launch(_train_worker, Path(run_dir), cfg)
+@dataclass
+class _WorkerArgs:
+    """What each rank needs; device, world size and threads are the run's effective ones, which
+    `dist_util.launch` reads to start the processes."""
+
+    cfg: TrainConfig
+    given: set[str]
+    device: str
+    distributed_world_size: int
+    threads: int
 
 
-def _train_worker(ctx: dist_util.DistContext, run_dir: Path, cfg: TrainConfig) -> TrainResult:
-    trainer = Trainer(run_dir, cfg, ctx)
+def train(run_dir: str | os.PathLike, cfg: TrainConfig, given: Optional[set[str]] = None) -> TrainResult:
+    """Train in `run_dir` with `cfg`, on all local GPUs (DDP) if any, resuming if possible.
+
+    `given` names the settings the caller asked for explicitly (the CLI passes the flags on
+    its command line); on a resume, only those may differ from the run's record. None means
+    every field of `cfg` that differs from its default.
+    """
+    run_dir = Path(run_dir)
+    given = given if given is not None else given_from_defaults(cfg)
+    rd = RunDir(run_dir)
+    rd.read_record("preprocess")  # a clear error before any process starts
+    cfg.validate()
+    # One writer per run directory: the process that writes (global rank 0, or the launcher of
+    # local ranks) holds the lock; other torchrun ranks write nothing.
+    writer = int(os.environ.get("RANK", "0")) == 0
+    with RunLock(run_dir, command_line()) if writer else nullcontext():
+        if writer and rd.checkpoint_dir.is_dir():
+            for path in remove_leftover_temps(rd.checkpoint_dir):
+                print(f"nmt: note: removed {path.name}, left by a save that was killed", file=sys.stderr)
+        recorded = rd.read_record("train") if rd.has_record("train") else None
+        effective = resolve_launch(rd.checkpoint_dir, recorded, cfg, given).cfg  # the devices the run was set up with
+        args = _WorkerArgs(cfg, given, effective.device, effective.distributed_world_size, effective.threads)
+        return dist_util.launch(_train_worker, run_dir, args)
+
+
+def _train_worker(ctx: dist_util.DistContext, run_dir: Path, args: _WorkerArgs) -> TrainResult:
+    trainer = Trainer(run_dir, args.cfg, ctx, args.given)
     return trainer.run()

@@ -36,7 +36,7 @@ class TrainConfig:
     max_tokens: int = _f(4096, "Tokens per batch and side, padding included, per GPU/process (paper: ~25000 per side over 8 GPUs).")
     update_freq: int = _f(1, "Accumulate gradients over this many batches per update (to match the paper's batch on fewer GPUs).")
     label_smoothing: float = _f(0.1, "Label smoothing epsilon_ls (paper 5.4: 0.1).")
-    warmup: int = _f(4000, "Warmup steps of the schedule (paper 5.3: 4000).")
+    warmup: int = _f(4000, "Warmup steps of the schedule (paper 5.3: 4000); 0 = no warmup (the inverse square root decay from step 1).")
     lr_scale: float = _f(1.0, "Multiplier on the paper's lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).")
     lr: Optional[float] = _f(None, "fairseq-style peak learning rate reached at the end of warmup (inverse_sqrt); replaces the paper's formula.")
     adam_beta1: float = _f(0.9, "Adam beta1 (paper: 0.9).")
@@ -47,22 +47,22 @@ class TrainConfig:
     seed: int = _f(1, "Seed for initialisation, dropout and the per-epoch batch order.")
     max_update: int = _f(0, "Stop after this many updates; 0 = no limit (paper: 100k base, 300k big).")
     max_epoch: int = _f(0, "Stop after this many epochs; 0 = no limit.")
-    max_time: float = _f(0.0, "Stop after this much training wall-clock time, summed over resumes (e.g. 30m, 12h, 90s); 0 = no limit.")
+    max_time: float = _f(0.0, "Stop after this much training wall-clock time, validation and saving included, summed over resumes (e.g. 30m, 12h, 90s); the run ends within one update or one validation of it. 0 = no limit.")
     # -- validation and checkpoints ------------------------------------------------------
     validate_interval_updates: int = _f(0, "Also validate every N updates (always after each epoch); 0 = epochs only.")
     eval_bleu: bool = _f(False, "Also compute validation BLEU with beam search (beam 4, alpha 0.6) and pick checkpoint_best.pt by it.")
     save_interval_updates: int = _f(0, "Write checkpoint_{epoch}_{update}.pt every N updates; 0 = off.")
-    save_interval_minutes: float = _f(10.0, "Write checkpoint_{epoch}_{update}.pt every N minutes (paper: every 10 minutes, averaging the last 5 or 20); 0 = off.")
-    keep_last: int = _f(-1, "Keep only the last N interval checkpoints (checkpoint_{epoch}_{update}.pt); -1 = all.")
-    keep_last_epochs: int = _f(-1, "Keep only the last N epoch checkpoints (checkpoint{epoch}.pt); -1 = all.")
+    save_interval_minutes: float = _f(10.0, "Write checkpoint_{epoch}_{update}.pt each time the training clock (validation included, summed over resumes) passes a multiple of N minutes, whatever the epoch saves do (paper: every 10 minutes, averaging the last 5 or 20); 0 = off.")
+    keep_last: int = _f(5, "Keep only the last N interval checkpoints (checkpoint_{epoch}_{update}.pt, which hold the optimizer state); -1 = all. 5 is the paper's base averaging window; pass 20 for big.")
+    keep_last_epochs: int = _f(-1, "Keep only the last N epoch checkpoints (checkpoint{epoch}.pt, model only: no optimizer state); -1 = all.")
     no_epoch_checkpoints: bool = _f(False, "Do not write checkpoint{epoch}.pt files.")
     log_interval: int = _f(100, "Write a train record to logs/train.jsonl every N updates.")
     # -- resume and fine-tuning -----------------------------------------------------------
-    restore_file: Optional[str] = _f(None, "Resume from this checkpoint instead of checkpoints/checkpoint_last.pt.")
-    finetune_from: Optional[str] = _f(None, "Start from these model weights with fresh optimizer, schedule and data position.")
-    reset_optimizer: bool = _f(False, "When resuming, start a fresh optimizer (Adam moments).")
-    reset_lr_scheduler: bool = _f(False, "When resuming, restart the schedule at step 1.")
-    reset_dataloader: bool = _f(False, "When resuming, start at the beginning of a fresh epoch order.")
+    restore_file: Optional[str] = _f(None, "First launch only: start from this checkpoint (model, optimizer, schedule, data position). Once checkpoint_last.pt exists, training resumes from it.")
+    finetune_from: Optional[str] = _f(None, "First launch only: start from these model weights with a fresh optimizer, schedule and data position.")
+    reset_optimizer: bool = _f(False, "First launch only, with --restore-file: start a fresh optimizer (Adam moments).")
+    reset_lr_scheduler: bool = _f(False, "First launch only, with --restore-file: restart the schedule at step 1 (the offset is saved, so resumes continue it).")
+    reset_dataloader: bool = _f(False, "First launch only, with --restore-file: start at the beginning of a fresh epoch order.")
     # -- devices and precision -------------------------------------------------------------
     device: str = _f("auto", "auto (all CUDA GPUs if any, else CPU), cpu or cuda.")
     threads: int = _f(0, "CPU threads for PyTorch per process; 0 = PyTorch's default.")
@@ -84,6 +84,30 @@ class TrainConfig:
         }
 
     def validate(self) -> None:
+        """Refuse settings outside their meaning (the paper's ranges), before any work."""
+        ranges = [
+            ("dropout", self.dropout, 0.0, 1.0), ("attention_dropout", self.attention_dropout, 0.0, 1.0),
+            ("relu_dropout", self.relu_dropout, 0.0, 1.0), ("label_smoothing", self.label_smoothing, 0.0, 1.0),
+            ("adam_beta1", self.adam_beta1, 0.0, 1.0), ("adam_beta2", self.adam_beta2, 0.0, 1.0),
+        ]
+        for name, value, low, high in ranges:
+            if value is not None and not (low <= value < high):
+                raise NmtError(f"--{name.replace('_', '-')} {value} is outside [{low:g}, {high:g})")
+        for name in ("d_model", "d_ff", "heads", "encoder_layers", "decoder_layers", "max_positions"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise NmtError(f"--{name.replace('_', '-')} {value} must be positive")
+        for name in ("warmup", "max_update", "max_epoch", "max_time", "validate_interval_updates",
+                     "save_interval_updates", "save_interval_minutes", "weight_decay", "clip_norm", "threads",
+                     "distributed_world_size"):
+            if getattr(self, name) < 0:
+                raise NmtError(f"--{name.replace('_', '-')} {getattr(self, name)} must be 0 or more")
+        if self.adam_eps <= 0 or self.lr_scale <= 0 or (self.lr is not None and self.lr <= 0):
+            raise NmtError("--adam-eps, --lr-scale and --lr must be positive")
+        if self.log_interval < 1 or self.max_skips < 1:
+            raise NmtError("--log-interval and --max-skips must be at least 1")
+        if self.keep_last < -1 or self.keep_last_epochs < -1:
+            raise NmtError("--keep-last and --keep-last-epochs take -1 (keep all) or a count")
         if self.amp not in ("auto", "bf16", "fp16", "none"):
             raise NmtError(f"unknown --amp {self.amp!r}; choose auto, bf16, fp16 or none")
         if self.device not in ("auto", "cpu", "cuda"):

@@ -15,6 +15,25 @@ from pathlib import Path
 from typing import Any, Optional
 
 LN2 = math.log(2.0)
+LOG_FILES = ("train.jsonl", "train.log")
+
+
+def log_offsets(log_dir: Path) -> dict[str, int]:
+    """The current length of each log file, saved in checkpoints so a resume can cut back to it."""
+    return {name: (log_dir / name).stat().st_size if (log_dir / name).is_file() else 0 for name in LOG_FILES}
+
+
+def truncate_logs(log_dir: Path, offsets: dict[str, int]) -> None:
+    """Cut each log back to its length at the checkpoint training resumes from.
+
+    Updates done after that checkpoint by a process that then died are done again; without
+    this, train.jsonl would hold their records twice.
+    """
+    for name, size in offsets.items():
+        path = log_dir / name
+        if path.is_file() and path.stat().st_size > size:
+            with open(path, "r+b") as f:
+                f.truncate(size)
 
 
 class TrainLogger:
@@ -128,7 +147,7 @@ class TrainLogger:
         self.info(f"skipped update {update}: non-finite gradient" + (f" (fp16 loss scale now {scale})" if scale else ""))
 
     def saved(self, names: list[str], update: int) -> None:
-        self.info(f"saved {', '.join(names)} (update {update})")
+        self.info(f"saving {', '.join(names)} (update {update})")
 
     def epoch_end(self) -> None:
         if self.bar is not None:
@@ -136,10 +155,15 @@ class TrainLogger:
             self.bar = None
 
     def close(self) -> None:
+        """Close every output; safe to call twice, and after a failed write (a full disk)."""
         self.epoch_end()
         if not self.enabled:
             return
-        self.jsonl.close()
-        self.text.close()
-        if self.tb is not None:
-            self.tb.close()
+        self.enabled = False
+        for out in (self.jsonl, self.text, self.tb):
+            if out is None:
+                continue
+            try:
+                out.close()
+            except OSError:
+                pass

@@ -11,6 +11,7 @@ translation streams.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -21,6 +22,7 @@ import torch
 from nmt.beam_search import Hypothesis, beam_search
 from nmt.checkpoint import load_checkpoint
 from nmt.errors import NmtError
+from nmt.identity import check_identity, checkpoint_identity, run_identity
 from nmt.model import Transformer, TransformerConfig
 from nmt.rundir import RunDir
 from nmt.tokenizer import EOS_ID, PAD_ID, Tokenizer, load_tokenizer
@@ -83,9 +85,14 @@ def resolve_dtype(amp: str, device: torch.device) -> torch.dtype:
     return {"none": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[amp]
 
 
-def load_model(path: Path, device: torch.device, dtype: torch.dtype) -> Transformer:
-    """A Transformer from a checkpoint's configuration and weights, ready for inference."""
+def load_model(path: Path, device: torch.device, dtype: torch.dtype,
+               expected: Optional[dict] = None) -> Transformer:
+    """A Transformer from a checkpoint's configuration and weights, ready for inference;
+    with `expected` (a run's `nmt.identity`), refused when trained with another vocabulary."""
     checkpoint = load_checkpoint(path)
+    if expected is not None:
+        check_identity(checkpoint_identity(checkpoint), expected, f"checkpoint {path}",
+                       warn=lambda message: print(f"nmt translate: warning: {message}", file=sys.stderr))
     try:
         model = Transformer(TransformerConfig.from_dict(checkpoint["config"]))
         model.load_state_dict(checkpoint["model"])
@@ -122,6 +129,9 @@ class Translator:
         """Input lines cut to the model's positions so far."""
         self.target_tokens = 0
         """Target tokens (eos included) of the best hypotheses so far."""
+        self.no_hypothesis = 0
+        """Lines whose search found no hypothesis of finite score (a damaged model or an
+        overflow), translated as an empty line so far."""
 
     def translate(self, lines: Sequence[str]) -> list[Translation]:
         """Translate one buffer of raw lines; one Translation per line, in order."""
@@ -142,6 +152,7 @@ class Translator:
             src = self._source_tensor([ids[i] for i in batch])
             for i, found in zip(batch, beam_search(self.models, src, self.search)):
                 hyps[i] = found
+                self.no_hypothesis += not found
 
         flat = [h.tokens for found in hyps for h in found]
         decoded = self.tgt_tokenizer.decode(flat) if flat else []
@@ -230,15 +241,6 @@ def load_translator(
             tokenizers[rel] = load_tokenizer(run.root / rel, num_threads=cfg.threads)
     src_tok, tgt_tok = tokenizers[record["vocab"][src_lang]], tokenizers[record["vocab"][tgt_lang]]
 
-    models = []
-    for path in paths:
-        model = load_model(path, device, dtype)
-        for side, size, tok in (("source", model.cfg.src_vocab_size, src_tok), ("target", model.cfg.tgt_vocab_size, tgt_tok)):
-            if size != tok.vocab_size:
-                raise NmtError(
-                    f"checkpoint {path} has a {side} vocabulary of {size} pieces but {run.root}/vocab has {tok.vocab_size}; "
-                    f"translate with the run directory the checkpoint was trained in"
-                )
-        models.append(model)
+    models = [load_model(path, device, dtype, expected=run_identity(run)) for path in paths]
     moses = (src_lang, tgt_lang) if record.get("moses") else None
     return Translator(models, src_tok, tgt_tok, search, cfg, moses_langs=moses, checkpoints=paths)

@@ -40,6 +40,8 @@ class SearchConfig:
             raise NmtError(f"--nbest must be between 1 and --beam ({self.beam}), not {self.nbest}")
         if self.max_len_a < 0:
             raise NmtError(f"--max-len-a must not be negative, not {self.max_len_a}")
+        if self.max_len_b < 0:
+            raise NmtError(f"--max-len-b must not be negative, not {self.max_len_b} (it would leave no room for output)")
         if self.lenpen_style not in LENPEN_STYLES:
             raise NmtError(f"unknown --lenpen-style {self.lenpen_style!r}; choose one of {', '.join(LENPEN_STYLES)}")
         if not math.isfinite(self.lenpen):

@@ -239,3 +239,34 @@ def main_guard(prog: str, main: Callable[[], None]) -> None:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted after {format_duration(time.monotonic() - start)}; re-run to resume", file=sys.stderr)
         sys.exit(130)
+
+
+def fit_average(s: dict[str, Any], run: Path, kind: str) -> Callable[[Step], Optional[str]]:
+    """A `prepare` for the averaging step: fewer checkpoints than AVERAGE_LAST is said on stderr
+    and kept in s["AVERAGING_NOTE"] for summary.json, never silent; none at all is an error."""
+    def prepare(step: Step) -> Optional[str]:
+        from nmt.average import list_checkpoints
+        from nmt.errors import NmtError
+
+        try:
+            available = len(list_checkpoints(run / "checkpoints", kind))
+        except NmtError:
+            available = 0
+        if available == 0:
+            raise RecipeError(f"no checkpoints of kind {kind} in {run / 'checkpoints'} to average; did training run?")
+        if available < s["AVERAGE_LAST"]:
+            step.args[step.args.index("--last") + 1] = str(available)
+            note = (f"warning: only {available} checkpoint(s) of kind {kind} exist, not the {s['AVERAGE_LAST']} "
+                    f"asked for: averaging those (recorded in summary.json)")
+            print(note, file=sys.stderr, flush=True)
+            s["AVERAGING_NOTE"] = note
+        return None
+    return prepare
+
+
+def averaged_from(path: Path) -> tuple[list[str], list[Optional[int]]]:
+    """The files averaged into the checkpoint at `path`, and the update each was saved at."""
+    from nmt.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(path)
+    return list(ckpt.get("averaged_from", [])), list(ckpt.get("averaged_updates", []))

@@ -20,10 +20,13 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import shlex
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from common import (RecipeError, Step, download, flag_value, format_duration, main_guard, run_steps,
+from nmt.train_config import parse_duration
+
+from common import (RecipeError, Step, averaged_from, download, fit_average, flag_value, format_duration, main_guard, run_steps,
                     settings_from_env, training_stats, write_json)
 
 # ---------------------------------------------------------------------------------------
@@ -47,8 +50,12 @@ TRAINING: dict[str, Any] = {
     "AMP": "auto",                 # auto (bf16 on capable GPUs, fp32 on CPU), bf16, fp16, none (--amp)
     "BUDGET": "30m",               # wall-clock training budget (--max-time; 0 = none)
     "MAX_UPDATE": 0,               # stop after this many updates instead, if sooner (0 = budget only)
-    "SAVE_INTERVAL_MINUTES": 2.0,  # interval checkpoints checkpoint_E_U.pt (--save-interval-minutes)
-    "AVERAGE_LAST": 3,             # average this many last checkpoints: the last ~4 minutes
+    # Interval checkpoints every BUDGET/15 of training time (2 min of 30) when -1, on the training
+    # clock, whatever the epoch length; the final one closes the last interval. Averaging the
+    # last 3 then covers the last 20% of training on a CPU that runs 8 epochs in the budget and
+    # on one that runs 200.
+    "SAVE_INTERVAL_MINUTES": -1.0, # --save-interval-minutes; -1 = BUDGET / 15
+    "AVERAGE_LAST": 3,             # average the last N interval checkpoints
     "AVERAGE_KIND": "updates",     # which ones count: all, updates (interval) or epochs
     "LOG_INTERVAL": 100,           # a train record in logs/train.jsonl every N updates
     "TRAIN_ARGS": "",              # any further `nmt train` flags, e.g. "--clip-norm 1 --pre-ln"
@@ -115,16 +122,6 @@ def write_slice(src_dir: Path, out_dir: Path, langs: tuple[str, str], n: int) ->
         tmp.replace(out)
 
 
-def count_checkpoints(run_dir: Path, kind: str) -> int:
-    from nmt.average import list_checkpoints
-    from nmt.errors import NmtError
-
-    try:
-        return len(list_checkpoints(run_dir / "checkpoints", kind))
-    except NmtError:
-        return 0
-
-
 def build_steps(s: dict[str, Any]) -> list[Step]:
     src, tgt = s["SRC"], s["TGT"]
     run = Path(s["RUN_DIR"])
@@ -163,26 +160,20 @@ def build_steps(s: dict[str, Any]) -> list[Step]:
 
     # 3. train: resumes from checkpoint_last.pt; does nothing when already finished
     budget = [] if s["BUDGET"] in ("", "0") else ["--max-time", s["BUDGET"]]
+    save_interval = s["SAVE_INTERVAL_MINUTES"]
+    if save_interval < 0:
+        save_interval = round(parse_duration(s["BUDGET"]) / 60 / 15, 4) if budget else 10.0
     steps.append(Step("train (resumes from checkpoint_last.pt; nothing to do when finished)", args=[
         "train", "--run-dir", run, "--arch", s["ARCH"], "--max-tokens", s["MAX_TOKENS"],
         "--update-freq", s["UPDATE_FREQ"], "--lr", flag_value(s["LR"]), "--warmup", s["WARMUP"],
         "--dropout", flag_value(s["DROPOUT"]), "--label-smoothing", flag_value(s["LABEL_SMOOTHING"]),
         "--amp", s["AMP"], *budget, *(["--max-update", str(s["MAX_UPDATE"])] if s["MAX_UPDATE"] else []),
-        "--save-interval-minutes", flag_value(s["SAVE_INTERVAL_MINUTES"]), "--log-interval", s["LOG_INTERVAL"],
+        "--save-interval-minutes", flag_value(save_interval), "--log-interval", s["LOG_INTERVAL"],
         *threads, *shlex.split(s["TRAIN_ARGS"]),
     ]))
 
-    # 4. average the last K checkpoints (fewer if training wrote fewer)
-    def fit_average(step: Step) -> Optional[str]:
-        available = count_checkpoints(run, s["AVERAGE_KIND"])
-        if available == 0:
-            raise RecipeError(f"no checkpoints in {run / 'checkpoints'} to average; did training run?")
-        if available < s["AVERAGE_LAST"]:
-            step.args[step.args.index("--last") + 1] = str(available)
-            step.describe = f"only {available} checkpoint(s) of kind {s['AVERAGE_KIND']} exist: averaging those"
-        return None
-
-    steps.append(Step(f"average the last {s['AVERAGE_LAST']} checkpoints into checkpoint_avg.pt", prepare=fit_average, args=[
+    # 4. average the last K checkpoints (fewer, said on stderr, if training wrote fewer)
+    steps.append(Step(f"average the last {s['AVERAGE_LAST']} checkpoints into checkpoint_avg.pt", prepare=fit_average(s, run, s["AVERAGE_KIND"]), args=[
         "average-checkpoints", "--run-dir", run, "--last", str(s["AVERAGE_LAST"]), "--kind", s["AVERAGE_KIND"],
     ]))
 
@@ -221,7 +212,7 @@ def summarize(s: dict[str, Any], run: Path, hyp: Path, score_json: Path) -> None
     score = json.loads(score_json.read_text(encoding="utf-8"))
     stats = training_stats(run / "logs" / "train.jsonl")
     avg = run / "checkpoints" / "checkpoint_avg.pt"
-    averaged_from = _averaged_from(avg)
+    averaged, averaged_updates = averaged_from(avg)
     png = run / "learning_curves.png"
     summary = {
         "recipe": "multi30k",
@@ -236,7 +227,9 @@ def summarize(s: dict[str, Any], run: Path, hyp: Path, score_json: Path) -> None
         "chrf_signature": score["chrf_signature"],
         "hypotheses": str(hyp),
         "checkpoint": "checkpoint_avg.pt",
-        "averaged_from": averaged_from,
+        "averaged_from": averaged,
+        "averaged_updates": averaged_updates,
+        "averaging_note": s.get("AVERAGING_NOTE"),
         **stats,
         "learning_curves": str(png) if png.is_file() else None,
         "settings": {**{k: s[k] for k in TRAINING}, **{k: s[k] for k in DECODING}, "SLICE": s["SLICE"]},
@@ -244,18 +237,13 @@ def summarize(s: dict[str, Any], run: Path, hyp: Path, score_json: Path) -> None
     write_json(run / "summary.json", summary)
     tps = f"{stats['target_tokens_per_s']:,.0f} target tokens/s" if stats["target_tokens_per_s"] else "tokens/s not logged"
     print(f"\n=== Multi30k {s['SRC']}->{s['TGT']} test_2016_flickr, arch {s['ARCH']}, "
-          f"average of {len(averaged_from)} checkpoint(s)")
+          f"average of {len(averaged)} checkpoint(s) (updates {', '.join(map(str, averaged_updates))} "
+          f"of {stats['updates']})")
     print(f"BLEU  {summary['bleu']:6.2f}  {score['signature']}")
     print(f"chrF  {summary['chrf']:6.2f}  {score['chrf_signature']}")
     print(f"training: {format_duration(stats['train_time_s'])}, {stats['updates']} updates, "
           f"epoch {stats['epochs']}, {tps}")
     print(f"written: {run / 'summary.json'}, {hyp}" + (f", {png}" if png.is_file() else ""), flush=True)
-
-
-def _averaged_from(path: Path) -> list[str]:
-    from nmt.checkpoint import load_checkpoint
-
-    return list(load_checkpoint(path).get("averaged_from", []))
 
 
 def settings() -> dict[str, Any]:
@@ -267,6 +255,13 @@ def settings() -> dict[str, Any]:
         raise RecipeError(f"SRC and TGT are both {s['SRC']}; choose two different languages")
     if s["BUDGET"] in ("", "0") and not s["MAX_UPDATE"]:
         raise RecipeError("BUDGET=0 and no MAX_UPDATE would train forever; set one of them")
+    if s["BUDGET"] not in ("", "0"):
+        from nmt.errors import NmtError
+
+        try:
+            parse_duration(s["BUDGET"])
+        except NmtError as e:
+            raise RecipeError(f"BUDGET: {e}") from None
     if s["AVERAGE_LAST"] < 1:
         raise RecipeError(f"AVERAGE_LAST={s['AVERAGE_LAST']} must be at least 1")
     s["RUN_DIR"] = s["RUN_DIR"] or f"runs/multi30k-{s['SRC']}-{s['TGT']}"

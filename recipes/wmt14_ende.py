@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from common import (RecipeError, Step, download, flag_value, format_duration, main_guard, parse_setting, run_steps,
+from common import (RecipeError, Step, averaged_from, download, fit_average, flag_value, format_duration, main_guard, parse_setting, run_steps,
                     settings_from_env, training_stats, write_json)
 
 # ---------------------------------------------------------------------------------------
@@ -325,7 +325,7 @@ def build_steps(s: dict[str, Any], freq: int) -> list[Step]:
             *(["--distributed-world-size", str(s["NUM_GPUS"])] if s["NUM_GPUS"] else []),
             *threads, *shlex.split(s["TRAIN_ARGS"]),
         ]),
-        Step(f"average the last {s['AVERAGE_LAST']} interval checkpoints into checkpoint_avg.pt", prepare=_fit_average(s),
+        Step(f"average the last {s['AVERAGE_LAST']} interval checkpoints into checkpoint_avg.pt", prepare=fit_average(s, run, "updates"),
              args=["average-checkpoints", "--run-dir", run, "--last", str(s["AVERAGE_LAST"]), "--kind", "updates"]),
         Step(f"translate {TEST.name} with beam {s['BEAM']}, alpha {flag_value(s['LENPEN'])}", stdout=hyp, args=[
             "translate", "--run-dir", run, "--checkpoint", "checkpoint_avg.pt", "--input", text / f"{TEST.name}.{SRC}",
@@ -346,24 +346,6 @@ def build_steps(s: dict[str, Any], freq: int) -> list[Step]:
     return steps
 
 
-def _fit_average(s: dict[str, Any]):
-    def prepare(step: Step) -> Optional[str]:
-        from nmt.average import list_checkpoints
-        from nmt.errors import NmtError
-
-        try:
-            available = len(list_checkpoints(Path(s["RUN_DIR"]) / "checkpoints", "updates"))
-        except NmtError:
-            available = 0
-        if available == 0:
-            raise RecipeError(f"no interval checkpoints in {Path(s['RUN_DIR']) / 'checkpoints'} to average; did training run?")
-        if available < s["AVERAGE_LAST"]:
-            step.args[step.args.index("--last") + 1] = str(available)
-            step.describe = f"only {available} interval checkpoint(s) exist: averaging those"
-        return None
-    return prepare
-
-
 def _need_matplotlib(run: Path):
     def prepare(step: Step) -> Optional[str]:
         import importlib.util
@@ -376,12 +358,10 @@ def _need_matplotlib(run: Path):
 
 
 def summarize(s: dict[str, Any], run: Path, hyp: Path, sacrebleu_json: Path, compound_json: Path) -> None:
-    from nmt.checkpoint import load_checkpoint
-
     sacre = json.loads(sacrebleu_json.read_text(encoding="utf-8"))
     compound = json.loads(compound_json.read_text(encoding="utf-8"))
     stats = training_stats(run / "logs" / "train.jsonl")
-    averaged_from = list(load_checkpoint(run / "checkpoints" / "checkpoint_avg.pt").get("averaged_from", []))
+    averaged, averaged_updates = averaged_from(run / "checkpoints" / "checkpoint_avg.pt")
     png = run / "learning_curves.png"
     summary = {
         "recipe": "wmt14_ende",
@@ -396,7 +376,9 @@ def summarize(s: dict[str, Any], run: Path, hyp: Path, sacrebleu_json: Path, com
         "compound_split_bleu_verbose": compound["multi_bleu"],
         "hypotheses": str(hyp),
         "checkpoint": "checkpoint_avg.pt",
-        "averaged_from": averaged_from,
+        "averaged_from": averaged,
+        "averaged_updates": averaged_updates,
+        "averaging_note": s.get("AVERAGING_NOTE"),
         **stats,
         "learning_curves": str(png) if png.is_file() else None,
         "settings": {**{k: s[k] for k in TRAINING}, **{k: s[k] for k in DECODING}},
@@ -404,7 +386,7 @@ def summarize(s: dict[str, Any], run: Path, hyp: Path, sacrebleu_json: Path, com
     write_json(run / "summary.json", summary)
     tps = f"{stats['target_tokens_per_s']:,.0f} target tokens/s" if stats["target_tokens_per_s"] else "tokens/s not logged"
     print(f"\n=== WMT14 en->de {TEST.name} ({sacre['lines']} lines), arch {s['ARCH']}, "
-          f"average of {len(averaged_from)} checkpoint(s)")
+          f"average of {len(averaged)} checkpoint(s) (updates {', '.join(map(str, averaged_updates))})")
     print(f"sacreBLEU             {summary['bleu']:6.2f}  {sacre['signature']}")
     print(f"chrF                  {summary['chrf']:6.2f}  {sacre['chrf_signature']}")
     print(f"compound-split BLEU   {summary['compound_split_bleu']:6.2f}  tokenized, the paper's metric "

@@ -96,7 +96,8 @@ def test_fp16_overflow_skips_the_update_and_halves_the_scale(prepared, tmp_path,
     import nmt.train as train_module
     from nmt.train_config import TrainConfig
 
-    real = train_module.label_smoothed_nll_loss
+    import nmt.engine as engine_module
+    real = engine_module.label_smoothed_nll_loss
     calls = {"n": 0}
 
     def huge_first(logits, target, eps):
@@ -104,7 +105,7 @@ def test_fp16_overflow_skips_the_update_and_halves_the_scale(prepared, tmp_path,
         calls["n"] += 1
         return (loss * 1e30 if calls["n"] == 1 else loss), nll
 
-    monkeypatch.setattr(train_module, "label_smoothed_nll_loss", huge_first)
+    monkeypatch.setattr(engine_module, "label_smoothed_nll_loss", huge_first)
     run = fresh_copy(prepared, tmp_path / "run")
     cfg = TrainConfig(arch="tiny", max_tokens=256, threads=1, no_progress_bar=True, max_update=3, amp="fp16",
                       save_interval_minutes=0, log_interval=1, device="cpu")
@@ -121,8 +122,9 @@ def test_fp16_scale_collapse_stops_with_a_clear_message(prepared, tmp_path, monk
     from nmt.errors import NmtError
     from nmt.train_config import TrainConfig
 
-    real = train_module.label_smoothed_nll_loss
-    monkeypatch.setattr(train_module, "label_smoothed_nll_loss",
+    import nmt.engine as engine_module
+    real = engine_module.label_smoothed_nll_loss
+    monkeypatch.setattr(engine_module, "label_smoothed_nll_loss",
                         lambda logits, target, eps: (real(logits, target, eps)[0] * float("inf"), real(logits, target, eps)[1]))
     run = fresh_copy(prepared, tmp_path / "run")
     cfg = TrainConfig(arch="tiny", max_tokens=256, threads=1, no_progress_bar=True, max_update=100, amp="fp16",
@@ -139,9 +141,10 @@ def test_out_of_memory_stops_the_job_with_advice_instead_of_hanging(prepared, tm
     def oom(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(train_module, "forward_loss", oom)
+    import nmt.engine as engine_module
+    monkeypatch.setattr(engine_module, "forward_loss", oom)
     run = fresh_copy(prepared, tmp_path / "run")
     cfg = TrainConfig(arch="tiny", max_tokens=256, threads=1, no_progress_bar=True, max_update=3,
                       save_interval_minutes=0, device="cpu")
-    with pytest.raises(NmtError, match="out of memory on rank 0 at update 1.*lower --max-tokens"):
+    with pytest.raises(NmtError, match="out of memory on rank 0.*lower --max-tokens"):
         train_module.train(run, cfg)

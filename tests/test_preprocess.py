@@ -14,7 +14,8 @@ import pytest
 from conftest import assert_one_line_error, run_nmt
 from nmt.cleaning import CleaningRules, count_reasons, drop_codes
 from nmt.data import TokenArray
-from nmt.preprocess import BpeWordCache, _UniformSample
+from nmt.bpe_cache import BpeWordCache
+from nmt.vocab_sample import UniformSample
 from nmt.textio import decode_block
 from nmt.tokenizer import UNK_ID, load_tokenizer
 
@@ -288,13 +289,13 @@ def test_drop_codes_follow_clean_corpus_n():
 
 def test_vocabulary_sample_is_uniform_exact_and_seeded():
     def draw(seed):
-        s = _UniformSample(100_000, 1000, seed)
+        s = UniformSample(100_000, 1000, seed)
         return np.concatenate([s.take(7_000) for _ in range(15)])[:100_000]
     a = draw(1)
     assert a.sum() == 1000 and np.array_equal(a, draw(1)) and not np.array_equal(a, draw(2))
     per_tenth = a.reshape(10, -1).sum(axis=1)
     assert per_tenth.min() > 60 and per_tenth.max() < 140  # spread over the corpus, not the head
-    assert _UniformSample(50, 100, 1).take(80).sum() == 50  # a cap above the corpus size takes all
+    assert UniformSample(50, 100, 1).take(80).sum() == 50  # a cap above the corpus size takes all
 
 
 def test_decode_block_splits_on_newline_only_and_names_bad_lines():

@@ -151,13 +151,14 @@ def test_non_finite_losses_skip_updates_then_stop_clearly(prepared, tmp_path, mo
     from nmt.errors import NmtError
     from nmt.train_config import TrainConfig
 
-    real = train_module.label_smoothed_nll_loss
+    import nmt.engine as engine_module
+    real = engine_module.label_smoothed_nll_loss
 
     def poisoned(logits, target, eps):
         loss, nll = real(logits, target, eps)
         return loss * float("nan"), nll
 
-    monkeypatch.setattr(train_module, "label_smoothed_nll_loss", poisoned)
+    monkeypatch.setattr(engine_module, "label_smoothed_nll_loss", poisoned)
     run = fresh_copy(prepared, tmp_path / "run")
     cfg = TrainConfig(arch="tiny", max_tokens=256, threads=1, no_progress_bar=True, max_update=50, max_skips=3,
                       save_interval_minutes=0)

@@ -13,6 +13,7 @@ import torch
 from conftest import assert_one_line_error, run_nmt
 from nmt.beam_search import SearchConfig
 from nmt.checkpoint import save_checkpoint
+from nmt.identity import run_identity
 from nmt.model import Transformer, build_config
 from nmt.rundir import RunDir
 from nmt.tokenizer import train_tokenizer
@@ -37,10 +38,13 @@ def _lines(n: int, seed: int) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 12))) for _ in range(n)]
 
 
-def _save_model(path: Path, vocab: int, seed: int) -> None:
+def _save_model(path: Path, vocab: int, seed: int, run: Path | None = None) -> None:
+    """A checkpoint as `nmt train` writes it in `run` (default: the run of RUN/checkpoints/path):
+    weights, configuration and the run's vocabulary identity."""
     torch.manual_seed(seed)
     model = Transformer(build_config("tiny", vocab, vocab, max_positions=48))
-    save_checkpoint(path, {"model": model.state_dict(), "config": model.cfg.to_dict()})
+    save_checkpoint(path, {"model": model.state_dict(), "config": model.cfg.to_dict(),
+                           "identity": run_identity(RunDir(run or path.parent.parent))})
 
 
 def _make_run(root: Path, lines: list[str], vocab_size: int) -> Path:
@@ -171,7 +175,8 @@ def test_batched_translation_equals_one_line_at_a_time(run_dir):
 def test_ensemble_of_a_model_with_itself_translates_as_the_model(run_dir, tmp_path):
     ckpt = run_dir / "checkpoints" / "checkpoint_last.pt"
     other = tmp_path / "other.pt"
-    _save_model(other, load_translator(run_dir, cfg=TranslateConfig(device="cpu")).src_tokenizer.vocab_size, seed=1)
+    _save_model(other, load_translator(run_dir, cfg=TranslateConfig(device="cpu")).src_tokenizer.vocab_size, seed=1,
+                run=run_dir)
     lines = _lines(6, 3)
     search = SearchConfig(max_len_b=8)
     single = load_translator(run_dir, [ckpt], search, TranslateConfig(device="cpu")).translate(lines)

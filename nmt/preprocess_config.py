@@ -1,0 +1,130 @@
+"""Every `nmt preprocess` setting in one dataclass: the CLI flags, `--help` and the record come from it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Optional
+
+from nmt.cleaning import CleaningRules
+from nmt.errors import NmtError
+from nmt.tokenizer import SPECIAL_TOKENS, VOCAB_TYPES
+
+RECORD = "preprocess"
+"""The run directory's record of a preprocessing result: config/preprocess.json."""
+ENCODING_ERRORS = ("strict", "replace")
+NORMALIZATION = (
+    "SentencePiece (bpe, unigram): NFKC, whitespace runs collapsed, ends stripped; "
+    "WordPiece: NFKC, ends stripped; uncovered characters become <unk>, decoded as ' \u2047 ' by both; "
+    "with moses: the ids decode to Moses-normalized, tokenized text (nmt.moses.moses_postprocess undoes it)"
+)
+
+
+def _f(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class PreprocessConfig:
+    """Every `nmt preprocess` setting; the CLI flags, `--help` and the record come from here."""
+
+    source_lang: str = _f("", "Source language: input files are PREFIX.SRC (or PREFIX.SRC.gz), e.g. en.")
+    target_lang: str = _f("", "Target language: input files are PREFIX.TGT (or PREFIX.TGT.gz), e.g. de.")
+    trainpref: Optional[str] = _f(None, "Training data prefix (required unless --vocab is given).")
+    validpref: Optional[str] = _f(None, "Validation data prefix (split 'valid'; never filtered).")
+    testpref: Optional[str] = _f(None, "Test data prefixes, comma-separated: splits test, test1, test2, ... (never filtered).")
+    vocab_type: str = _f("bpe", "bpe (SentencePiece BPE: the paper's En-De setup), unigram (SentencePiece unigram LM) "
+                         "or wordpiece (WordPiece: the paper's En-Fr setup).")
+    vocab_size: int = _f(8000, "Subword vocabulary size (paper: about 37000 shared BPE pieces for WMT14 En-De, "
+                         "32000 word-pieces for En-Fr; 8000 suits Multi30k).")
+    joined: bool = _f(True, "One vocabulary for both languages (needed to share all embeddings, paper 3.4); "
+                      "--no-joined learns one per language.")
+    vocab: Optional[str] = _f(None, "Reuse this vocabulary instead of learning one: a tokenizer file (.model or .json; "
+                              "both sides) or a folder or run dir holding joint.* or SRC.* and TGT.*.")
+    vocab_sample_lines: int = _f(10_000_000, "Learn the vocabulary from at most this many training pairs (lines "
+                                 "per file), sampled uniformly (with --seed) when there are more.")
+    character_coverage: float = _f(1.0, "Share of characters SentencePiece must cover (1.0 for Latin scripts, "
+                                   "0.9995 for large character sets).")
+    moses: bool = _f(False, "Moses punctuation normalization and tokenization (sacremoses) before everything else; "
+                     "`nmt translate` undoes it.")
+    min_len: int = _f(1, "Drop training pairs with a side of fewer whitespace words (clean-corpus-n min).")
+    max_len: int = _f(250, "Drop training pairs with a side of more whitespace words (clean-corpus-n max; "
+                      "fairseq's WMT14 script: 250).")
+    max_ratio: float = _f(9.0, "Drop training pairs whose longer side has more than this many times the words of the "
+                          "other (clean-corpus-n default 9; fairseq's WMT14 script: 1.5).")
+    encoding_errors: str = _f("strict", "strict: invalid UTF-8 is an error naming file and line; "
+                              "replace: substitute U+FFFD and go on.")
+    seed: int = _f(1, "Seed of the uniform sample of training pairs the vocabulary is learned from.")
+    workers: int = _f(0, "Worker processes for tokenization (0: all cores); does not change the result.")
+
+    @classmethod
+    def help(cls, name: str) -> str:
+        """The `--help` text of a setting."""
+        return next(f.metadata["help"] for f in fields(cls) if f.name == name)
+
+    def test_prefixes(self) -> list[str]:
+        return [p.strip() for p in (self.testpref or "").split(",") if p.strip()]
+
+    def split_prefixes(self) -> dict[str, str]:
+        """{split name: prefix}, named as fairseq does: train, valid, test, test1, test2, ..."""
+        splits = {}
+        if self.trainpref:
+            splits["train"] = self.trainpref
+        if self.validpref:
+            splits["valid"] = self.validpref
+        for i, prefix in enumerate(self.test_prefixes()):
+            splits["test" if i == 0 else f"test{i}"] = prefix
+        return splits
+
+    def effective_workers(self) -> int:
+        if self.workers > 0:
+            return self.workers
+        try:
+            return len(os.sched_getaffinity(0))
+        except AttributeError:  # not on Linux
+            return os.cpu_count() or 1
+
+    def rules(self) -> CleaningRules:
+        return CleaningRules(min_len=self.min_len, max_len=self.max_len, max_ratio=self.max_ratio)
+
+    def validate(self) -> None:
+        """Check the settings alone, before touching any file."""
+        for flag, lang in (("--source-lang/-s", self.source_lang), ("--target-lang/-t", self.target_lang)):
+            if not lang:
+                raise NmtError(f"{flag} is required (the file suffix of that language, e.g. en)")
+            if not all(c.isalnum() or c in "-_" for c in lang):
+                raise NmtError(f"{flag} {lang!r} may only hold letters, digits, '-' and '_'")
+        if self.source_lang == self.target_lang:
+            raise NmtError(f"--source-lang and --target-lang are both {self.source_lang!r}; they must differ")
+        if self.vocab_type not in VOCAB_TYPES:
+            raise NmtError(f"unknown --vocab-type {self.vocab_type!r}; choose one of {', '.join(VOCAB_TYPES)}")
+        if self.encoding_errors not in ENCODING_ERRORS:
+            raise NmtError(f"unknown --encoding-errors {self.encoding_errors!r}; choose strict or replace")
+        if not self.split_prefixes():
+            raise NmtError("no input given; pass --trainpref (and --validpref, --testpref)")
+        if not self.trainpref and not self.vocab:
+            raise NmtError("--trainpref is required to learn a vocabulary (or pass --vocab to reuse one)")
+        if self.vocab_size <= len(SPECIAL_TOKENS):
+            raise NmtError(f"--vocab-size must be more than the {len(SPECIAL_TOKENS)} special tokens, got {self.vocab_size}")
+        if self.vocab_sample_lines < 1:
+            raise NmtError(f"--vocab-sample-lines must be at least 1, got {self.vocab_sample_lines}")
+        if not 0.0 < self.character_coverage <= 1.0:
+            raise NmtError(f"--character-coverage must be in (0, 1], got {self.character_coverage}")
+        if self.min_len < 0 or self.max_len < max(self.min_len, 1):
+            raise NmtError(f"need 0 <= --min-len <= --max-len and --max-len >= 1, got {self.min_len} and {self.max_len}")
+        if self.max_ratio < 1.0:
+            raise NmtError(f"--max-ratio must be at least 1, got {self.max_ratio}")
+        if self.workers < 0:
+            raise NmtError(f"--workers must be 0 (all cores) or more, got {self.workers}")
+
+    def settings(self) -> dict[str, Any]:
+        """The settings that determine the result (paths made absolute; `workers` left out)."""
+        s = asdict(self)
+        del s["workers"]
+        for key in ("trainpref", "validpref", "vocab"):
+            if s[key]:
+                s[key] = str(Path(s[key]).absolute())
+        if self.testpref:
+            s["testpref"] = ",".join(str(Path(p).absolute()) for p in self.test_prefixes())
+        return s

@@ -1,0 +1,223 @@
+"""One resume rule: a run directory remembers its settings, survives SIGKILL and Ctrl-C at any
+moment (also mid fine-tune and after a --reset-lr-scheduler launch), and never overwrites history."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import assert_one_line_error, run_nmt
+from nmt.checkpoint import load_checkpoint
+from nmt.schedule import paper_lr, peak_lr
+from test_train import TINY, fresh_copy, prepared  # noqa: F401  (fixture)
+
+
+def train_records(run: Path) -> list[dict]:
+    lines = (run / "logs/train.jsonl").read_text().splitlines()
+    return [json.loads(l) for l in lines]
+
+
+def logged(run: Path) -> list[tuple]:
+    """What a run's log says happened: (kind, update, loss) of every record, in order."""
+    return [(r["kind"], r["update"], r.get("loss"), r.get("lr")) for r in train_records(run) if r["kind"] != "skip"]
+
+
+def last_params(run: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(run / "checkpoints/checkpoint_last.pt")["model"]
+
+
+def assert_bit_identical(a: Path, b: Path) -> None:
+    pa, pb = last_params(a), last_params(b)
+    assert pa.keys() == pb.keys()
+    for name in pa:
+        assert torch.equal(pa[name], pb[name]), name
+
+
+def train_killing_at_random_moments(run: Path, args: list[str], rng: random.Random, kills: int) -> int:
+    """Start `nmt train` with `args`, SIGKILL it at random moments while it trains (or saves),
+    re-run the same command each time, and let the last run finish. Returns the kills made."""
+    made = 0
+    for _ in range(kills + 20):
+        proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", "train", "-r", str(run), *args],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if made < kills:
+            log = run / "logs/train.jsonl"
+            start_size = log.stat().st_size if log.is_file() else 0
+            target_growth = rng.randint(1, 6) * 60  # roughly that many records more (each ~60-200 bytes)
+            deadline = time.time() + 120
+            while proc.poll() is None and time.time() < deadline:
+                if log.is_file() and log.stat().st_size >= start_size + target_growth:
+                    time.sleep(rng.uniform(0.0, 0.08))
+                    break
+                time.sleep(0.005)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                made += 1
+        _, err = proc.communicate(timeout=300)
+        if proc.returncode == 0:
+            return made
+        assert proc.returncode == -signal.SIGKILL, err.decode()
+    raise AssertionError("training never finished")
+
+
+def test_sigkill_at_random_moments_in_training_fine_tuning_and_after_a_reset_launch(prepared, tmp_path):  # noqa: F811
+    rng = random.Random(11)
+    common = [*TINY, "--seed", "3", "--log-interval", "1", "--save-interval-updates", "4", "--keep-last", "-1"]
+
+    # 1. plain training
+    plain = [*common, "--max-update", "30"]
+    once, killed = fresh_copy(prepared, tmp_path / "once"), fresh_copy(prepared, tmp_path / "killed")
+    assert run_nmt("train", "-r", once, *plain).returncode == 0
+    assert train_killing_at_random_moments(killed, plain, rng, kills=3) >= 2
+    assert_bit_identical(once, killed)
+    assert logged(once) == logged(killed)
+    updates = [u for kind, u, _, _ in logged(killed) if kind == "train"]
+    assert updates == list(range(1, 31))  # each update logged once
+
+    # 2. fine-tuning from the first run's model
+    tune = [*common, "--max-update", "24", "--finetune-from", str(once / "checkpoints/checkpoint_last.pt"), "--lr", "1e-3"]
+    tune_once, tune_killed = fresh_copy(prepared, tmp_path / "tune_once"), fresh_copy(prepared, tmp_path / "tune_killed")
+    assert run_nmt("train", "-r", tune_once, *tune).returncode == 0
+    assert train_killing_at_random_moments(tune_killed, tune, rng, kills=2) >= 1
+    assert_bit_identical(tune_once, tune_killed)
+    assert logged(tune_once) == logged(tune_killed)
+
+    # 3. a --reset-lr-scheduler launch from the first run's checkpoint, killed right after it starts
+    reset = [*common, "--max-update", "42", "--restore-file", str(once / "checkpoints/checkpoint_last.pt"),
+             "--reset-lr-scheduler", "--warmup", "4"]
+    reset_once, reset_killed = fresh_copy(prepared, tmp_path / "reset_once"), fresh_copy(prepared, tmp_path / "reset_killed")
+    assert run_nmt("train", "-r", reset_once, *reset).returncode == 0
+    assert train_killing_at_random_moments(reset_killed, reset, rng, kills=1) >= 1
+    assert_bit_identical(reset_once, reset_killed)
+    assert logged(reset_once) == logged(reset_killed)
+    first = next(r for r in train_records(reset_killed) if r["kind"] == "train")
+    assert first["update"] == 31 and first["lr"] == pytest.approx(paper_lr(1, 64, 4), rel=1e-9)  # the schedule restarted
+    assert load_checkpoint(reset_killed / "checkpoints/checkpoint_last.pt")["train_state"]["lr_offset"] == 30
+
+
+def test_train_with_no_flags_continues_a_run_with_its_recorded_settings(prepared, tmp_path):  # noqa: F811
+    run = fresh_copy(prepared, tmp_path / "run")
+    first = run_nmt("train", "-r", run, "--arch", "tiny", "--max-tokens", "192", "--lr", "2e-3", "--warmup", "7",
+                    "--threads", "1", "--no-progress-bar", "--max-update", "6", "--log-interval", "1",
+                    "--save-interval-minutes", "0", "--dropout", "0.2")
+    assert first.returncode == 0, first.stderr
+    recorded = json.loads((run / "config/train.json").read_text())["train_config"]
+
+    more = run_nmt("train", "-r", run, "--max-update", "9")
+    assert more.returncode == 0, more.stderr
+    changes = [l for l in more.stderr.splitlines() if l.startswith("changed ")]
+    assert changes == ["changed --max-update: 6 -> 9 (was recorded in this run)"]
+    lrs = {r["update"]: r["lr"] for r in train_records(run) if r["kind"] == "train"}
+    assert sorted(lrs) == list(range(1, 10))
+    for update, lr in lrs.items():
+        assert lr == pytest.approx(peak_lr(update, 2e-3, 7), rel=1e-9)
+    record = json.loads((run / "config/train.json").read_text())
+    assert {k: v for k, v in record["train_config"].items() if k != "max_update"} == \
+           {k: v for k, v in recorded.items() if k != "max_update"}
+    assert record["train_config"]["max_update"] == 9
+    assert [l["changes"] for l in record["launches"]][-1] == {"max_update": [6, 9]}
+
+    again = run_nmt("train", "-r", run)
+    assert again.returncode == 0 and "nothing to do" in again.stderr
+
+    other = run_nmt("train", "-r", run, "--arch", "base")
+    assert_one_line_error(other, "--arch tiny", "--arch base")
+
+
+def test_a_missing_checkpoint_last_never_lets_training_overwrite_the_others(prepared, tmp_path):  # noqa: F811
+    run = fresh_copy(prepared, tmp_path / "run")
+    args = [*TINY, "--max-update", "6", "--save-interval-updates", "3"]
+    assert run_nmt("train", "-r", run, *args).returncode == 0
+    (run / "checkpoints/checkpoint_last.pt").unlink()
+    before = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
+    proc = run_nmt("train", "-r", run, *args, "--max-update", "9")
+    assert_one_line_error(proc, "no checkpoint_last.pt", "--restore-file", "checkpoint_1_6.pt")
+    assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == before
+
+
+def test_the_hint_for_a_damaged_last_checkpoint_names_one_that_loads(prepared, tmp_path):  # noqa: F811
+    """checkpoint_last.pt and the newest numbered checkpoint are one file (hard links): damage
+    to one is damage to both, so the hint must skip it and name an older one that loads."""
+    run = fresh_copy(prepared, tmp_path / "run")
+    assert run_nmt("train", "-r", run, *TINY, "--max-update", "6", "--save-interval-updates", "3").returncode == 0
+    last = run / "checkpoints/checkpoint_last.pt"
+    assert last.samefile(run / "checkpoints/checkpoint_1_6.pt")
+    with open(last, "r+b") as f:  # damage the shared data in place
+        f.truncate(100)
+    proc = run_nmt("train", "-r", run, *TINY, "--max-update", "9")
+    assert_one_line_error(proc, "checkpoint_last.pt", "--restore-file", "checkpoint_1_3.pt")
+    resumed = run_nmt("train", "-r", run, *TINY, "--max-update", "9", "--restore-file", str(run / "checkpoints/checkpoint_1_3.pt"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert load_checkpoint(last)["train_state"]["update"] == 9
+
+
+def test_ctrl_c_saves_the_update_reached_and_a_rerun_continues_exactly(prepared, tmp_path):  # noqa: F811
+    args = [*TINY, "--max-update", "40", "--seed", "4", "--log-interval", "1", "--save-interval-updates", "25"]
+    once = fresh_copy(prepared, tmp_path / "once")
+    assert run_nmt("train", "-r", once, *args).returncode == 0
+
+    run = fresh_copy(prepared, tmp_path / "run")
+    proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", "train", "-r", str(run), *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = run / "logs/train.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (log.is_file() and log.read_text().count('"train"') >= 8):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    lines = [l for l in err.decode().splitlines() if l.startswith("nmt:")]
+    assert proc.returncode == 130
+    assert len(lines) == 1 and "interrupted" in lines[0] and "Traceback" not in err.decode()
+    reached = max(r["update"] for r in train_records(run) if r["kind"] == "train")
+    assert 8 <= reached < 40
+    assert load_checkpoint(run / "checkpoints/checkpoint_last.pt")["train_state"]["update"] == reached
+    assert f"update {reached}" in lines[0]
+
+    assert run_nmt("train", "-r", run, *args).returncode == 0
+    assert_bit_identical(once, run)
+    assert [u for kind, u, _, _ in logged(run) if kind == "train"] == list(range(1, 41))
+
+
+@pytest.mark.parametrize("flag, value", [("--warmup", "-10"), ("--dropout", "1.5"), ("--adam-beta2", "1.5"),
+                                         ("--d-model", "0"), ("--label-smoothing", "1.5"), ("--max-tokens", "0")])
+def test_numeric_flags_outside_their_meaning_are_one_line(prepared, tmp_path, flag, value):  # noqa: F811
+    run = fresh_copy(prepared, tmp_path / "run")
+    assert_one_line_error(run_nmt("train", "-r", run, *TINY, "--max-update", "2", flag, value), flag)
+    assert not (run / "checkpoints").exists()
+
+
+def test_warmup_zero_means_no_warmup(prepared, tmp_path):  # noqa: F811
+    run = fresh_copy(prepared, tmp_path / "run")
+    proc = run_nmt("train", "-r", run, *TINY[:-2], "--warmup", "0", "--lr", "1e-3", "--max-update", "3", "--log-interval", "1")
+    assert proc.returncode == 0, proc.stderr
+    lrs = [r["lr"] for r in train_records(run) if r["kind"] == "train"]
+    assert lrs == pytest.approx([1e-3, 1e-3 / 2**0.5, 1e-3 / 3**0.5])
+
+
+def test_fine_tuning_from_another_model_is_one_line(prepared, tmp_path):  # noqa: F811
+    other = fresh_copy(prepared, tmp_path / "other")
+    assert run_nmt("train", "-r", other, *TINY, "--max-update", "2", "--d-model", "32", "--heads", "2").returncode == 0
+    run = fresh_copy(prepared, tmp_path / "run")
+    proc = run_nmt("train", "-r", run, *TINY, "--max-update", "2", "--finetune-from", str(other / "checkpoints/checkpoint_last.pt"))
+    assert_one_line_error(proc, "do not fit")
+    restore = run_nmt("train", "-r", run, *TINY, "--max-update", "2", "--restore-file", str(other / "checkpoints/checkpoint_last.pt"))
+    assert_one_line_error(restore, "different model")
+
+
+def test_changed_batching_restarts_the_epoch_with_a_warning(prepared, tmp_path):  # noqa: F811
+    run = fresh_copy(prepared, tmp_path / "run")
+    assert run_nmt("train", "-r", run, *TINY, "--max-update", "5", "--log-interval", "1").returncode == 0
+    more = run_nmt("train", "-r", run, "--max-update", "8", "--max-tokens", "128")
+    assert more.returncode == 0, more.stderr
+    assert "changed --max-tokens: 256 -> 128" in more.stderr
+    assert "epoch 1 restarts from its beginning" in more.stderr
+    state = load_checkpoint(run / "checkpoints/checkpoint_last.pt")["train_state"]
+    assert state["update"] == 8 and state["updates_in_epoch"] == 3 and state["batching"]["max_tokens"] == 128
