@@ -6,6 +6,7 @@ import hashlib
 import json
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -155,8 +156,10 @@ def test_sigterm_answers_the_requests_in_flight_then_exits_0(run_dir, model, tmp
                    for i in range(4)]
         for t in threads:
             t.start()
+        deadline = time.monotonic() + 120
         while srv.get("/info")["stats"]["requests"] < 4:  # all four are with the batcher
-            pass
+            assert time.monotonic() < deadline, "the requests never reached the server"
+            time.sleep(0.01)
         assert srv.get("/info")["stats"]["batches"] < 24  # and not all of their 24 model calls are done
         code = srv.terminate()
         for t in threads:
