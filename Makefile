@@ -8,7 +8,7 @@ TORCH_REQ ?= torch
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test bench bench-preprocess bench-train bench-translate bench-scale recipe-multi30k recipe-wmt14-ende clean
+.PHONY: install test bench bench-preprocess bench-train bench-translate bench-scale bench-serve recipe-multi30k recipe-wmt14-ende clean
 
 install: $(STAMP)
 
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_REQ)"
-	$(BIN)/python -m pip install --quiet -e ".[test,plot,tensorboard,ct2]"
+	$(BIN)/python -m pip install --quiet -e ".[test,plot,tensorboard,ct2,serve,serve-test]"
 	touch $(STAMP)
 
 test: install
@@ -39,6 +39,11 @@ bench-translate: install
 # first update with --distributed-world-size 2 on CPU, big checkpoint write.
 bench-scale: install
 	$(BIN)/python bench/bench_scale.py
+
+# `nmt serve` under 1, 8 and 32 concurrent clients vs `nmt translate` on the same Multi30k test
+# lines; also saves a screenshot of its page to bench/results/serve_page.png.
+bench-serve: install
+	$(BIN)/python bench/bench_serve.py
 
 # The main job: Multi30k task 1 end to end, ending with a BLEU score and RUN_DIR/summary.json.
 # Settings are the dicts at the top of recipes/multi30k.py; any of them, and MULTI30K_DIR,

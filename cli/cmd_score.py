@@ -9,11 +9,15 @@ from typing import Annotated, Optional
 
 import typer
 
+from nmt_cli.common import RunDirOption
+
 
 def register(app: typer.Typer) -> None:
     @app.command("score")
     def score(
-        ref: Annotated[list[Path], typer.Option("--ref", help="Reference file (plain or .gz); repeat for several references.", show_default=False)],
+        ref: Annotated[Optional[list[Path]], typer.Option("--ref", help="Reference file (plain or .gz); repeat for several references.", show_default=False)] = None,
+        subset: Annotated[Optional[str], typer.Option("--subset", help="Score against the raw target side of a split preprocess recorded in --run-dir (test, valid, ...); --lang defaults to the run's target language.", show_default=False)] = None,
+        run_dir: RunDirOption = None,
         hyp: Annotated[Optional[Path], typer.Option("--hyp", help="Hypotheses file (plain or .gz); default: stdin.", show_default=False)] = None,
         tokenize: Annotated[Optional[str], typer.Option("--tokenize", "-tok", help="sacreBLEU tokenizer for BLEU: 13a, intl, zh, char, none, ja-mecab, ko-mecab, ... (default: 13a, or from --lang).", show_default=False)] = None,
         lowercase: Annotated[bool, typer.Option("--lowercase", "-lc", help="Case-insensitive BLEU and chrF.")] = False,
@@ -30,6 +34,15 @@ def register(app: typer.Typer) -> None:
 
         if encoding_errors not in ("strict", "replace"):
             raise NmtError(f"--encoding-errors must be strict or replace, not {encoding_errors!r}")
+        if (ref is None) == (subset is None):
+            raise NmtError("give the references with --ref FILE, or --subset SPLIT to use the run's recorded split (not both)")
+        if subset is not None:
+            from nmt.rundir import resolve_run_dir
+            from nmt.splits import split_text_file, target_lang
+
+            run_path = resolve_run_dir(run_dir)
+            ref = [split_text_file(run_path, subset, "target")]
+            lang = lang or target_lang(run_path)
         if compound_split and (tokenize is not None or lowercase):
             raise NmtError("--compound-split uses its own Moses tokenization and is case-sensitive; drop --tokenize/--lowercase")
         if hyp is not None:

@@ -20,7 +20,9 @@ HELP = (
     "Uses checkpoint_avg.pt, else checkpoint_best.pt, else checkpoint_last.pt of the run (named on stderr); "
     "repeat --checkpoint to ensemble several (average of log-probabilities). Every input line gets exactly one "
     "output line, in order; an empty line gives an empty line; lines longer than the model's positions are "
-    "truncated and counted in one warning at the end."
+    "truncated and counted in one warning at the end. Whenever the input pauses (a pipe, a FIFO, a program that "
+    "writes a line and waits), the lines held so far are translated and their output flushed at once. "
+    "--subset test translates the source side of the run's recorded test split."
 )
 
 
@@ -34,6 +36,9 @@ def register(app: typer.Typer) -> None:
         inspect.Parameter("run_dir", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=RunDirOption),
         inspect.Parameter("input", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
             Optional[Path], typer.Option("--input", "-i", help="Text to translate, plain or .gz (default: stdin).", show_default=False)]),
+        inspect.Parameter("subset", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+            Optional[str], typer.Option("--subset", show_default=False,
+                                        help="Translate the source side of a split preprocess recorded (test, valid, test1, ...) instead of stdin.")]),
         inspect.Parameter("checkpoint", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
             Optional[list[str]], typer.Option("--checkpoint", "-c", show_default=False,
                                               help="Checkpoint file (or a name in RUN/checkpoints); repeat to ensemble.")]),
@@ -52,11 +57,13 @@ def register(app: typer.Typer) -> None:
 
         from nmt.errors import NmtError
         from nmt.rundir import resolve_run_dir
-        from nmt.textio import count_lines, read_lines, stdin_lines, text_stdout
-        from nmt.translate import buffers, load_translator
+        from nmt.streaming import input_buffers
+        from nmt.textio import count_lines, text_stdout
+        from nmt.translate import load_translator
 
         run_dir = resolve_run_dir(kwargs.pop("run_dir"))
         input_path, checkpoints = kwargs.pop("input"), kwargs.pop("checkpoint") or []
+        subset = kwargs.pop("subset")
         fmt, quiet = kwargs.pop("format"), kwargs.pop("quiet")
         search = SearchConfig(**{k: kwargs.pop(k) for k in search_fields})
         sampling = SamplingConfig(**{k: kwargs.pop(k) for k in sampling_fields})
@@ -75,13 +82,14 @@ def register(app: typer.Typer) -> None:
             if not quiet:
                 print(f"nmt translate: {message}", file=sys.stderr, flush=True)
 
-        if input_path is not None:
-            lines = read_lines(input_path, cfg.encoding_errors)
-        else:
-            lines = stdin_lines(sys.stdin.buffer, cfg.encoding_errors)
-            if sys.stdin.isatty():
-                cfg.buffer_size = 1  # a person typing: answer each line at once
-        chunks = buffers(lines, cfg.buffer_size)
+        if subset is not None:
+            from nmt.splits import split_text_file
+
+            if input_path is not None:
+                raise NmtError("give --input or --subset, not both")
+            input_path = split_text_file(run_dir, subset, "source")
+        # Buffers end when the input pauses, so a program that writes a line and waits gets its answer.
+        chunks = input_buffers(input_path, lambda: sys.stdin.buffer, cfg.buffer_size, cfg.encoding_errors)
         first = next(chunks, [])  # bad input fails before the model loads
 
         start = time.perf_counter()
@@ -96,7 +104,7 @@ def register(app: typer.Typer) -> None:
         if not quiet and sys.stderr.isatty() and not sys.stdout.isatty():  # a bar only where a person watches
             from tqdm import tqdm
 
-            total = count_lines(input_path) if input_path is not None else None
+            total = count_lines(input_path) if input_path is not None and input_path.is_file() else None
             bar = tqdm(total=total, unit=" lines", file=sys.stderr, delay=2.0, leave=False, dynamic_ncols=True)
         n_lines = 0
         try:

@@ -1,0 +1,93 @@
+"""The Python API: `nmt.load(run).translate(...)` answers as `nmt translate` does."""
+
+from __future__ import annotations
+
+import doctest
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import nmt
+from conftest import run_nmt
+from test_translate import _lines, _make_run, _save_model
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    return _make_run(tmp_path_factory.mktemp("run"), _lines(400, 0), 90)
+
+
+@pytest.fixture(scope="module")
+def model(run_dir):
+    return nmt.load(run_dir, device="cpu", threads=1, max_len_b=8)
+
+
+def test_the_docstring_example_runs(run_dir, tmp_path, monkeypatch):
+    (tmp_path / "runs").mkdir()
+    shutil.copytree(run_dir, tmp_path / "runs" / "multi30k-en-de")
+    monkeypatch.chdir(tmp_path)
+    result = doctest.testmod(nmt, verbose=False, report=True)
+    assert result.attempted >= 6 and result.failed == 0
+
+
+def test_translates_as_the_command_line_with_the_same_checkpoint_choice(run_dir, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    vocab = nmt.load(run, device="cpu").translator.src_tokenizer.vocab_size
+    _save_model(run / "checkpoints" / "checkpoint_best.pt", vocab, seed=3)  # best beats last
+    lines = _lines(5, 4) + [""]
+    cli = run_nmt("translate", "--threads", "1", "-r", run, "--max-len-b", "8", "--beam", "3", "--quiet",
+                  input="".join(l + "\n" for l in lines))
+    assert cli.returncode == 0, cli.stderr
+    model = nmt.load(run, device="cpu", threads=1, max_len_b=8)
+    assert model.checkpoints == [run / "checkpoints" / "checkpoint_best.pt"]
+    assert model.translate(lines, beam=3) == cli.stdout.splitlines()
+    assert nmt.load(run, "checkpoint_last.pt", device="cpu").checkpoints == [run / "checkpoints" / "checkpoint_last.pt"]
+
+
+def test_str_gives_str_list_gives_list_in_order_and_empty_gives_empty(model):
+    lines = _lines(7, 5)
+    together = model.translate(lines)
+    assert isinstance(together, list) and len(together) == 7
+    assert [model.translate(line) for line in lines] == together
+    assert model.translate(tuple(lines)) == together
+    assert model.translate([]) == []
+    assert model.translate("") == ""
+    assert model.translate(["", "  "]) == ["", ""]
+
+
+def test_nbest_gives_scores_best_first(model):
+    found = model.translate_nbest(_lines(3, 6), beam=3, nbest=3)
+    assert len(found) == 3
+    for tr in found:
+        assert len(tr.nbest) == 3 and tr.nbest[0] == (tr.hyp, tr.score)
+        assert [s for _, s in tr.nbest] == sorted((s for _, s in tr.nbest), reverse=True)
+    assert model.translate_nbest("").score is None
+    assert model.search.nbest == 1  # a per-call setting does not change the defaults
+
+
+@pytest.mark.parametrize("bad, needle", [
+    (42, "not int"), (b"bytes", "decode it first"), ({"a": 1}, "not dict"),
+    (["ok", 3], "item 1 is a int"), (iter(["a"]), "not list_iterator"), (None, "not NoneType"),
+])
+def test_anything_but_str_or_list_of_str_is_a_type_error(model, bad, needle):
+    with pytest.raises(TypeError, match=needle):
+        model.translate(bad)
+
+
+def test_unknown_settings_are_type_errors_and_bad_values_user_errors(run_dir, model):
+    with pytest.raises(TypeError, match="beams"):
+        model.translate("a", beams=2)
+    with pytest.raises(TypeError, match="colour"):
+        nmt.load(run_dir, colour="red")
+    with pytest.raises(nmt.errors.NmtError, match="--beam must be at least 1"):
+        model.translate("a", beam=0)
+
+
+def test_import_nmt_does_not_import_torch():
+    code = "import sys, nmt; assert callable(nmt.load); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

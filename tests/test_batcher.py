@@ -1,0 +1,101 @@
+"""Dynamic batching: shared model calls, answers in order, and small requests not stuck behind big ones."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from nmt.batcher import Batcher
+from nmt.translate import Translation
+
+
+class FakeModel:
+    """Upper-cases each line; records every call; each call takes `seconds`."""
+
+    def __init__(self, seconds: float = 0.0):
+        self.calls: list[tuple[list[str], dict]] = []
+        self.seconds = seconds
+        self.started = threading.Event()
+
+    def __call__(self, lines, search):
+        self.started.set()
+        time.sleep(self.seconds)
+        self.calls.append((list(lines), dict(search)))
+        return [Translation(l.upper(), -1.0, [(l.upper(), -1.0)]) for l in lines]
+
+
+class Answers:
+    """What each request got, and how many model calls had been made when it got it."""
+
+    def __init__(self, model: FakeModel):
+        self.model, self.got, self.calls_when_done = model, {}, {}
+        self.cond = threading.Condition()
+
+    def done_for(self, name: str):
+        def done(found, error):
+            with self.cond:
+                self.got[name] = error if error is not None else [t.hyp for t in found]
+                self.calls_when_done[name] = len(self.model.calls)
+                self.cond.notify_all()
+        return done
+
+    def wait(self, n: int) -> None:
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.got) == n, timeout=30)
+
+
+def test_requests_arriving_together_share_a_call_and_get_their_own_lines_in_order():
+    model = FakeModel()
+    answers = Answers(model)
+    batcher = Batcher(model, window=0.2, max_sentences=64)
+    requests = {f"r{i}": [f"line {i}.{j}" for j in range(i + 1)] for i in range(5)}
+    for name, lines in requests.items():
+        batcher.submit(lines, {}, answers.done_for(name))
+    batcher.submit([], {}, answers.done_for("empty"))
+    answers.wait(6)
+    batcher.close()
+    assert answers.got == {**{n: [l.upper() for l in lines] for n, lines in requests.items()}, "empty": []}
+    assert len(model.calls) == 1 and batcher.stats.batches == 1 and batcher.stats.requests == 6
+
+
+def test_a_small_request_rides_in_the_next_call_not_after_a_huge_one():
+    model = FakeModel(seconds=0.02)
+    answers = Answers(model)
+    batcher = Batcher(model, window=0.0, max_sentences=8)
+    batcher.submit([f"big {i}" for i in range(200)], {}, answers.done_for("big"))
+    assert model.started.wait(10)
+    batcher.submit(["small"], {}, answers.done_for("small"))
+    answers.wait(2)
+    batcher.close()
+    assert answers.calls_when_done["small"] <= 2  # the big one needs 25 calls; the small one waits for one at most
+    assert answers.calls_when_done["big"] == 26
+    assert answers.got["big"] == [f"BIG {i}" for i in range(200)]
+    assert all(len(lines) <= 8 for lines, _ in model.calls)
+
+
+def test_other_search_settings_never_share_a_call():
+    model = FakeModel()
+    answers = Answers(model)
+    batcher = Batcher(model, window=0.2, max_sentences=64)
+    batcher.submit(["a", "b"], {"beam": 2}, answers.done_for("beam2"))
+    batcher.submit(["c"], {}, answers.done_for("default"))
+    batcher.submit(["d"], {"beam": 2}, answers.done_for("beam2 again"))
+    answers.wait(3)
+    batcher.close()
+    assert sorted((sorted(lines), search) for lines, search in model.calls) == \
+        [(["a", "b", "d"], {"beam": 2}), (["c"], {})]
+    assert answers.got == {"beam2": ["A", "B"], "default": ["C"], "beam2 again": ["D"]}
+
+
+def test_an_error_in_a_model_call_reaches_every_request_in_it():
+    def broken(lines, search):
+        raise RuntimeError("out of memory")
+
+    answers = Answers(FakeModel())
+    batcher = Batcher(broken, window=0.1, max_sentences=64)
+    batcher.submit(["x"], {}, answers.done_for("x"))
+    batcher.submit(["y"], {}, answers.done_for("y"))
+    answers.wait(2)
+    batcher.close()
+    assert all(isinstance(e, RuntimeError) for e in answers.got.values())
+    assert batcher.stats.errors == 1

@@ -1,0 +1,187 @@
+"""`nmt serve`: a real server in a subprocess, on a free loopback port, with a tiny run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette", reason="nmt serve needs the serve extra (make install installs it)")
+pytest.importorskip("uvicorn", reason="nmt serve needs the serve extra (make install installs it)")
+
+import nmt  # noqa: E402
+from conftest import assert_one_line_error, run_nmt  # noqa: E402
+from nmt.serve import parse_body  # noqa: E402
+from nmt.serve_config import ServeConfig  # noqa: E402
+from serve_helpers import Server  # noqa: E402
+from test_translate import _lines, _make_run  # noqa: E402
+
+FLAGS = ("--threads", "1", "--max-len-b", "6", "--max-chars", "2000", "--max-lines", "40", "--batch-window-ms", "100")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    return _make_run(tmp_path_factory.mktemp("run"), _lines(400, 0), 90)
+
+
+@pytest.fixture(scope="module")
+def model(run_dir):
+    return nmt.load(run_dir, device="cpu", threads=1, max_len_b=6)
+
+
+@pytest.fixture(scope="module")
+def server(run_dir, tmp_path_factory):
+    srv = Server(run_dir, *FLAGS, log_dir=tmp_path_factory.mktemp("log"))
+    yield srv
+    code = srv.terminate()
+    assert code == 0, srv.output()
+    assert "Traceback" not in srv.output()
+
+
+def test_a_single_string_and_a_list_with_empty_strings_keep_count_and_order(server, model, run_dir):
+    status, answer = server.post({"text": "ein Mann fährt Fahrrad"})
+    assert status == 200, answer
+    assert [t["text"] for t in answer["translations"]] == [model.translate("ein Mann fährt Fahrrad")]
+
+    lines = _lines(5, 11)
+    lines[1:1] = ["", "   "]
+    lines.append("")
+    status, answer = server.post({"text": lines})
+    assert status == 200, answer
+    found = answer["translations"]
+    assert [t["text"] for t in found] == model.translate(lines)
+    assert found[1] == {"text": "", "score": None, "nbest": []} and found[-1]["text"] == ""
+    assert all(isinstance(t["score"], float) for i, t in enumerate(found) if lines[i].strip())
+
+    # Provenance: the checkpoint by path and hash, and the settings used.
+    ckpt = run_dir / "checkpoints" / "checkpoint_last.pt"
+    assert answer["checkpoints"] == [{"path": str(ckpt), "sha256": hashlib.sha256(ckpt.read_bytes()).hexdigest()}]
+    assert answer["settings"]["beam"] == 4 and answer["settings"]["max_len_b"] == 6
+    assert answer["settings"]["device"] == "cpu"
+    assert server.post({"text": []}) == (200, {**answer, "translations": [], "time_ms": pytest.approx(0, abs=1e9)})
+
+
+def test_beam_lenpen_and_nbest_per_request(server, model):
+    lines = _lines(3, 12)
+    status, answer = server.post({"text": lines, "beam": 3, "nbest": 3, "lenpen": 1.0})
+    assert status == 200, answer
+    want = model.translate_nbest(lines, beam=3, nbest=3, lenpen=1.0)
+    for t, w in zip(answer["translations"], want):
+        assert [n["text"] for n in t["nbest"]] == [h for h, _ in w.nbest]
+        assert [n["score"] for n in t["nbest"]] == pytest.approx([s for _, s in w.nbest], abs=1e-4)
+    assert answer["settings"]["beam"] == 3 and answer["settings"]["lenpen"] == 1.0
+
+
+def test_twenty_concurrent_clients_get_their_own_answers_in_fewer_model_calls(server, model):
+    requests = [_lines(1 + i % 3, 100 + i) for i in range(20)]
+    want = [model.translate(lines) for lines in requests]
+    before = server.get("/info")["stats"]
+    answers: list = [None] * 20
+    start = threading.Barrier(20)
+
+    def client(i: int) -> None:
+        start.wait()
+        answers[i] = server.post({"text": requests[i]})
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    for i, (status, answer) in enumerate(answers):
+        assert status == 200, answer
+        assert [t["text"] for t in answer["translations"]] == want[i]
+    assert len({json.dumps(w) for w in want}) > 10  # the answers differ, so a mix-up would show
+    after = server.get("/info")["stats"]
+    assert after["requests"] - before["requests"] == 20
+    assert after["sentences"] - before["sentences"] == sum(map(len, requests))
+    assert 1 <= after["batches"] - before["batches"] < 20  # requests shared model calls
+    assert after["largest_batch"] > 1
+
+
+@pytest.mark.parametrize("body, status, needle", [
+    (b'{"text": "a', 400, "not valid JSON"),
+    (b'{"text": "caf\xe9"}', 400, "not valid UTF-8"),
+    (b'["a"]', 400, "JSON object"),
+    (b'{"txt": "a"}', 400, "unknown field"),
+    (b'{"beam": 2}', 400, 'missing field "text"'),
+    (b'{"text": 5}', 400, "string or a list of strings"),
+    (b'{"text": ["a", null]}', 400, "string or a list of strings"),
+    (b'{"text": "a", "beam": "4"}', 400, '"beam" must be an integer'),
+    (b'{"text": "a", "beam": 0}', 400, '"beam" must be between 1 and 16'),
+    (b'{"text": "a", "beam": 2, "nbest": 3}', 400, "nbest must be between 1 and beam (2)"),
+    (b'{"text": "a", "lenpen": true}', 400, '"lenpen" must be a finite number'),
+    (json.dumps({"text": "x" * 2001}).encode(), 413, "2001 characters"),
+    (json.dumps({"text": ["a"] * 41}).encode(), 413, "41 sentences"),
+    (b'{"text": "' + b"a" * (12 * 2000 + 70000) + b'"}', 413, "larger than"),
+])
+def test_bad_bodies_get_a_4xx_with_a_one_line_json_reason(server, body, status, needle):
+    got, headers, raw = server.request("POST", "/translate", body, {"Content-Type": "application/json"})
+    assert got == status, raw
+    assert headers["content-type"] == "application/json"
+    error = json.loads(raw)["error"]
+    assert needle in error and "\n" not in error and "Traceback" not in error
+
+
+def test_unknown_paths_and_methods_get_json_errors(server):
+    for method, path, status in (("GET", "/nope", 404), ("GET", "/translate", 405), ("POST", "/health", 405)):
+        got, headers, raw = server.request(method, path)
+        assert got == status and headers["content-type"] == "application/json" and "error" in json.loads(raw)
+
+
+def test_health_info_and_page(server, model):
+    assert server.get("/health") == {"status": "ok"}
+    info = server.get("/info")
+    assert (info["source_lang"], info["target_lang"]) == ("en", "de")
+    assert info["parameters"] == sum(p.numel() for p in model.translator.models[0].parameters())
+    assert info["model"]["d_model"] == model.translator.models[0].cfg.d_model
+    assert info["checkpoints"][0]["path"].endswith("checkpoint_last.pt") and len(info["checkpoints"][0]["sha256"]) == 64
+    assert info["limits"]["max_lines"] == 40
+    status, headers, page = server.request("GET", "/")
+    assert status == 200 and headers["content-type"].startswith("text/html")
+    assert b'id="translate"' in page and b"://" not in page  # no CDN, no outside URL
+
+
+def test_sigterm_answers_the_requests_in_flight_then_exits_0(run_dir, model, tmp_path):
+    srv = Server(run_dir, "--threads", "1", "--max-len-b", "20", "--max-batch-sentences", "2", log_dir=tmp_path)
+    try:
+        requests = [_lines(12, 200 + i) for i in range(4)]
+        answers: list = [None] * 4
+        threads = [threading.Thread(target=lambda i=i: answers.__setitem__(i, srv.post({"text": requests[i]})))
+                   for i in range(4)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 120
+        while srv.get("/info")["stats"]["requests"] < 4:  # all four are with the batcher
+            assert time.monotonic() < deadline, "the requests never reached the server"
+            time.sleep(0.01)
+        assert srv.get("/info")["stats"]["batches"] < 24  # and not all of their 24 model calls are done
+        code = srv.terminate()
+        for t in threads:
+            t.join(timeout=300)
+        assert code == 0, srv.output()
+        for lines, (status, answer) in zip(requests, answers):
+            assert status == 200, answer
+            assert [t["text"] for t in answer["translations"]] == model.translate(lines, max_len_b=20)
+        assert "Traceback" not in srv.output()
+    finally:
+        srv.stop()
+
+
+def test_a_port_in_use_is_a_one_line_error(run_dir):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert_one_line_error(run_nmt("serve", "-r", run_dir, "--port", port, timeout=120), "cannot listen", str(port))
+
+
+def test_parse_body_limits_count_characters_not_bytes():
+    cfg = ServeConfig(max_chars=4, max_lines=2)
+    assert parse_body('{"text": ["äöü", "ß"]}'.encode(), cfg) == (["äöü", "ß"], False, {})
+    assert parse_body(b'{"text": "\\u00e4", "beam": 2}', cfg) == (["ä"], True, {"beam": 2})
