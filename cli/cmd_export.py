@@ -12,7 +12,7 @@ from nmt_cli.common import RunDirOption
 
 HELP = (
     "Write the run's model as a CTranslate2 model directory (model.bin, config.json, the vocabulary, the run's "
-    "tokenizer and nmt_export.json), built through CTranslate2's own specs API (pip install 'nmt[ct2]'). "
+    "tokenizer and nmt_export.json), built through CTranslate2's own specs API (pip install 'nmt\\[ct2]'). "
     "Decode it with `nmt translate --engine ctranslate2 --ct2-model DIR`, or without nmt: "
     "ctranslate2.Translator(DIR).translate_batch(pieces, return_end_token=True, length_penalty=0.6)."
 )

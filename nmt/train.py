@@ -42,7 +42,6 @@ from nmt.data import TokenArray
 from nmt.engine import SkippedStep, TrainEngine, forward_loss
 from nmt.errors import Interrupted, NmtError
 from nmt.identity import IDENTITY_KEY, check_identity, checkpoint_identity, run_identity
-from nmt.loss import label_smoothed_nll_loss  # noqa: F401  (tests patch it through nmt.engine)
 from nmt.model import Transformer, TransformerConfig, build_config
 from nmt.precision import Precision
 from nmt.rundir import RunDir
@@ -501,7 +500,7 @@ class Trainer:
 
     def _run_epoch(self, clock: TrainingClock, interrupt: InterruptFlag) -> Optional[str]:
         """The rest of the current epoch; returns why training stopped, or None to go on."""
-        cfg, s = self.cfg, self.state
+        s = self.state
         groups = self.epoch_groups(s.epoch)
         self.logger.epoch_start(s.epoch, len(groups), s.updates_in_epoch, s.update)
         if s.updates_in_epoch >= len(groups):  # resumed exactly at an epoch's end

@@ -60,7 +60,7 @@ class TrainConfig:
     log_interval: int = _f(100, "Write a train record to logs/train.jsonl, its line to logs/train.log and to the screen, every N updates.")
     patience: int = _f(0, "Early stopping (fairseq's --patience): stop when --best-checkpoint-metric has not improved for N validations in a row; 0 = off. The final line and a \"stop\" record in logs/train.jsonl say so; a resume continues the count.")
     best_checkpoint_metric: str = _f("auto", "Validation metric that picks checkpoint_best.pt and drives --patience: loss (lower is better), bleu (higher is better; needs --eval-bleu), or auto (bleu with --eval-bleu, else loss).")
-    tensorboard: bool = _f(False, "Write TensorBoard event files to RUN/tensorboard: train and valid loss, nll_loss, ppl, lr, gnorm, wps (target tokens/s), valid BLEU (tensorboard is the extra 'nmt[tensorboard]'; make install installs it).")
+    tensorboard: bool = _f(False, "Write TensorBoard event files to RUN/tensorboard: train and valid loss, nll_loss, ppl, lr, gnorm, wps (target tokens/s), valid BLEU (tensorboard is the extra 'nmt\\[tensorboard]'; make install installs it).")
     tensorboard_logdir: Optional[str] = _f(None, "Write the TensorBoard event files to this folder instead of RUN/tensorboard (implies --tensorboard).")
     # -- resume and fine-tuning -----------------------------------------------------------
     restore_file: Optional[str] = _f(None, "First launch only: start from this checkpoint (model, optimizer, schedule, data position). Once checkpoint_last.pt exists, training resumes from it.")

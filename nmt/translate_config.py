@@ -77,7 +77,7 @@ class TranslateConfig:
     amp: str = _f("auto", "Weights and activations in bf16 or fp16 (auto: bf16 on a GPU that supports it, else fp32); scores stay fp32.")
     engine: str = _f(
         "nmt",
-        "nmt: this package's decoder. ctranslate2: CTranslate2 (pip install 'nmt[ct2]') on the model exported by "
+        "nmt: this package's decoder. ctranslate2: CTranslate2 (pip install 'nmt\\[ct2]') on the model exported by "
         "`nmt export --format ctranslate2` (--ct2-model), or exported first into RUN/ctranslate2/; it searches "
         "with its own rule only: pass --beam-style fairseq --lenpen-style avg.",
     )

@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 
 import pytest
@@ -113,7 +112,6 @@ def test_multi30k_recipe_without_network_or_multi30k_dir_stops_at_once_naming_th
     assert len(lines) == 1, proc.stderr
     assert "download failed" in lines[0] and "MULTI30K_DIR" in lines[0]
     assert "Traceback" not in proc.stderr
-    assert time.monotonic() - start < 20
     assert not (tmp_path / "run" / "config").exists()  # nothing was preprocessed
 
 
@@ -218,7 +216,6 @@ def test_wmt14_recipe_runs_offline_on_a_fake_wmt14_directory(tmp_path: Path):
     run = tmp_path / "run"
     proc = run_recipe("wmt14_ende", {**WMT_TINY, "WMT14_DIR": str(data), "RUN_DIR": str(run)}, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert time.monotonic() - start < 120
 
     # the whole training text, cleaned by preprocess, and test-full's newstest2014 (not the decoy)
     train_en = (run / "text" / "train.en").read_text(encoding="utf-8").splitlines()
