@@ -22,6 +22,7 @@ import torch
 from nmt.atomic import check_file_target, remove_leftover_temps
 from nmt.checkpoint import CHECKPOINT_VERSION, load_checkpoint, save_checkpoint
 from nmt.errors import NmtError
+from nmt.model import architecture
 from nmt.identity import IDENTITY_KEY, check_identity, checkpoint_identity, identity_difference, run_identity
 from nmt.rundir import RunDir
 from nmt.runlock import RunLock, command_line
@@ -34,8 +35,6 @@ KINDS = ("all", "updates", "epochs")
 TRAINING_NAMES = ("checkpoint_last.pt", "checkpoint_best.pt")
 """Besides the numbered checkpoints, the files `nmt train` writes and resumes from."""
 
-# Fields of TransformerConfig that change training, not the shape or meaning of the weights.
-NON_ARCHITECTURE_FIELDS = frozenset({"dropout", "attention_dropout", "relu_dropout"})
 
 
 @dataclass(frozen=True)
@@ -141,14 +140,10 @@ def span_warning(picked: Sequence[CheckpointInfo], max_share: float) -> Optional
             f"save checkpoints more often (--save-interval-minutes/--save-interval-updates) or average fewer")
 
 
-def _architecture(config: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in config.items() if k not in NON_ARCHITECTURE_FIELDS}
-
-
 def _check_same_model(first: Path, config: dict[str, Any], shapes: dict[str, tuple[int, ...]],
                       path: Path, ckpt: dict[str, Any]) -> None:
     """Refuse to average different models: a mean of unrelated weights is silently garbage."""
-    a, b = _architecture(config), _architecture(ckpt["config"])
+    a, b = architecture(config), architecture(ckpt["config"])
     diff = [f"{k} {a.get(k)} vs {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
     if diff:
         raise NmtError(f"cannot average {first} and {path}: different architectures ({', '.join(diff)})")

@@ -42,6 +42,10 @@ class PreparedUpdate:
     micro_steps: int
     """Micro-steps every rank runs for this group (ceil(len(group) / world_size))."""
 
+    def weighted(self) -> list[tuple[Batch, float]]:
+        """The micro-steps as (batch, weight): this rank's batches (1), then the filler (0)."""
+        return [(b, 1.0) for b in self.batches] + [(self.filler, 0.0)] * (self.micro_steps - len(self.batches))
+
     @property
     def n_tgt_tokens(self) -> int:
         return sum(b.n_tgt_tokens for b in self.batches)
@@ -53,6 +57,16 @@ class PreparedUpdate:
     @property
     def n_sentences(self) -> int:
         return sum(b.n_sentences for b in self.batches)
+
+
+def prepare_group(group: Sequence[np.ndarray], position: int, rank: int, world_size: int,
+                  collate_one: Callable[[np.ndarray], Batch]) -> PreparedUpdate:
+    """This rank's share of one update's group: every rank runs ceil(len(group) / world_size)
+    micro-steps, so a rank with fewer batches gets a filler batch of weight 0."""
+    mine = [collate_one(ids) for ids in group[rank::world_size]]
+    micro_steps = -(-len(group) // world_size)
+    filler = collate_one(group[0]) if len(mine) < micro_steps else None
+    return PreparedUpdate(position, mine, filler, micro_steps)
 
 
 _DONE = object()
@@ -87,11 +101,7 @@ class BatchStream:
 
     # -- the background thread ----------------------------------------------------------
     def _prepare(self, position: int) -> PreparedUpdate:
-        group = self.groups[position]
-        mine = [self._collate(ids) for ids in group[self.rank :: self.world_size]]
-        micro_steps = -(-len(group) // self.world_size)
-        filler = self._collate(group[0]) if len(mine) < micro_steps else None
-        return PreparedUpdate(position, mine, filler, micro_steps)
+        return prepare_group(self.groups[position], position, self.rank, self.world_size, self._collate)
 
     def _collate(self, ids: np.ndarray) -> Batch:
         batch = self.collate_fn(self.src, self.tgt, ids)

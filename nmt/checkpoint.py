@@ -33,13 +33,14 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None
             raise
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint with `weights_only=True`; a missing or damaged file is a user error."""
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """Load a checkpoint with `weights_only=True`; a missing or damaged file is a user error.
+    With `mmap`, tensors stay on disk until read (to look at a checkpoint without loading it)."""
     path = Path(path)
     if not path.is_file():
         raise NmtError(f"checkpoint not found: {path}")
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # torch raises many types for truncated/corrupt zip files
         reason = str(e).splitlines()[0].split(". ")[0] if str(e) else type(e).__name__
         raise NmtError(f"checkpoint {path} is damaged or not an nmt checkpoint ({reason})") from None

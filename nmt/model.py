@@ -73,6 +73,16 @@ class TransformerConfig:
 
 
 # Architectures by name: plain builders, not a registry (torchtune style).
+# Fields of TransformerConfig that change training, not the shape or meaning of the weights.
+NON_ARCHITECTURE_FIELDS = frozenset({"dropout", "attention_dropout", "relu_dropout"})
+
+
+def architecture(config: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a configuration (as a dict) that decide what the weights mean: two
+    checkpoints with equal architectures can be averaged or resumed into one another."""
+    return {k: v for k, v in config.items() if k not in NON_ARCHITECTURE_FIELDS}
+
+
 def transformer_tiny() -> TransformerConfig:
     """For tests: 2+2 layers, d_model 64."""
     return TransformerConfig(d_model=64, d_ff=128, n_heads=4, encoder_layers=2, decoder_layers=2, dropout=0.1, max_positions=256)
@@ -210,7 +220,7 @@ class SelfAttentionCache:
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add k, v (rows, h, T, d_head) after the cached steps; return views of all steps."""
-        T, end = k.size(2), self.length + k.size(2)
+        end = self.length + k.size(2)
         if self.k is None or end > self.k.size(2):
             self._grow(k, max(end, 2 * (self.k.size(2) if self.k is not None else 8)))
         self.k[:, :, self.length : end] = k

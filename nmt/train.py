@@ -34,7 +34,7 @@ import torch
 from nmt import distributed as dist_util
 from nmt import train_policy
 from nmt.atomic import remove_leftover_temps
-from nmt.batch_stream import BatchStream, PreparedUpdate
+from nmt.batch_stream import BatchStream, PreparedUpdate, prepare_group
 from nmt.batching import collate, make_batches, usable_indices
 from nmt.checkpoint import CHECKPOINT_VERSION
 from nmt.checkpoints_dir import CheckpointManager
@@ -42,7 +42,7 @@ from nmt.data import TokenArray
 from nmt.engine import SkippedStep, TrainEngine, forward_loss
 from nmt.errors import Interrupted, NmtError
 from nmt.identity import IDENTITY_KEY, check_identity, checkpoint_identity, run_identity
-from nmt.model import Transformer, TransformerConfig, build_config
+from nmt.model import Transformer, TransformerConfig, architecture, build_config
 from nmt.precision import Precision
 from nmt.rundir import RunDir
 from nmt.runlock import RunLock, command_line
@@ -53,8 +53,6 @@ from nmt.train_resume import BATCHING_FIELDS, Launch, given_from_defaults, launc
 
 LN2 = math.log(2.0)
 
-# Fields of TransformerConfig that change training, not the shape or meaning of the weights.
-NON_ARCHITECTURE_FIELDS = frozenset({"dropout", "attention_dropout", "relu_dropout"})
 
 
 @dataclass
@@ -173,10 +171,6 @@ def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def _architecture(config: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in config.items() if k not in NON_ARCHITECTURE_FIELDS}
-
-
 class TrainingClock:
     """The training clock: seconds trained before this launch plus this launch's wall time."""
 
@@ -222,7 +216,7 @@ class Trainer:
                                              given if given is not None else given_from_defaults(cfg))
         self.cfg = cfg = self.launch.cfg
         cfg.validate()
-        self.history = list((recorded or {}).get("launches", [])) if self.launch.mode == "resume" or recorded else []
+        self.history = list((recorded or {}).get("launches", []))
         self.device = ctx.device
         if cfg.threads > 0:
             torch.set_num_threads(cfg.threads)
@@ -239,8 +233,8 @@ class Trainer:
             check_identity(checkpoint_identity(ckpt), self.identity, f"checkpoint {self.launch.checkpoint_path}",
                            warn=lambda message: self.notes.append(f"warning: {message}"))
         if ckpt is not None and self.launch.mode in ("resume", "restore"):
-            saved = _architecture(ckpt["config"])
-            diff = [k for k, v in _architecture(self.model_cfg.to_dict()).items() if saved.get(k) != v]
+            saved = architecture(ckpt["config"])
+            diff = [k for k, v in architecture(self.model_cfg.to_dict()).items() if saved.get(k) != v]
             if diff:
                 raise NmtError(
                     f"{self.launch.checkpoint_path} is a different model from what the flags and vocabulary give "
@@ -288,11 +282,10 @@ class Trainer:
             return
         self.state = TrainState.from_dict(ckpt.get("train_state", {}))
         first_launch = mode == "restore"
-        if first_launch and cfg.reset_optimizer:
-            pass
-        elif "optimizer" in ckpt:
+        fresh_optimizer = first_launch and cfg.reset_optimizer
+        if "optimizer" in ckpt and not fresh_optimizer:
             self.engine.load_optimizer(ckpt["optimizer"])
-        else:
+        elif not fresh_optimizer:
             self.notes.append(f"{self.launch.checkpoint_path} holds no optimizer state (a model-only epoch "
                               f"checkpoint): Adam's moments start afresh")
         if first_launch and cfg.reset_lr_scheduler:
@@ -354,26 +347,14 @@ class Trainer:
         per_update = self.ctx.world_size * self.cfg.update_freq
         return [batches[i : i + per_update] for i in range(0, len(batches), per_update)]
 
-    def micro_batches(self, group: list[np.ndarray]) -> list[tuple[Any, float]]:
-        """This rank's share of one update's batches; every rank runs the same number of
-        micro-steps, padding with a weight-0 batch so DDP's collectives stay in step."""
-        ctx, d = self.ctx, self.train_data
-        mine = [(collate(d.src, d.tgt, ids), 1.0) for ids in group[ctx.rank :: ctx.world_size]]
-        n_micro = -(-len(group) // ctx.world_size)
-        while len(mine) < n_micro:
-            mine.append((collate(d.src, d.tgt, group[0]), 0.0))
-        return mine
-
     def train_step(self, group: list[np.ndarray] | PreparedUpdate) -> Optional[dict[str, float]]:
         """One update through the engine, from a group of batch ids or a batch stream's prepared
         update; None when it was skipped (non-finite)."""
         update = self.state.update + 1
-        if isinstance(group, PreparedUpdate):
-            micro = [(b, 1.0) for b in group.batches]
-            micro += [(group.filler, 0.0)] * (group.micro_steps - len(group.batches))
-        else:
-            micro = self.micro_batches(group)
-        out = self.engine.step(micro, self.lr_at(update))
+        if not isinstance(group, PreparedUpdate):
+            d = self.train_data
+            group = prepare_group(group, -1, self.ctx.rank, self.ctx.world_size, lambda ids: collate(d.src, d.tgt, ids))
+        out = self.engine.step(group.weighted(), self.lr_at(update))
         if isinstance(out, SkippedStep):
             self.state.consecutive_skips += 1
             if self.state.consecutive_skips >= self.cfg.max_skips:
@@ -608,7 +589,7 @@ def train(run_dir: str | os.PathLike, cfg: TrainConfig, given: Optional[set[str]
             for path in remove_leftover_temps(rd.checkpoint_dir):
                 print(f"nmt: note: removed {path.name}, left by a save that was killed", file=sys.stderr)
         recorded = rd.read_record("train") if rd.has_record("train") else None
-        effective = resolve_launch(rd.checkpoint_dir, recorded, cfg, given).cfg  # the devices the run was set up with
+        effective = resolve_launch(rd.checkpoint_dir, recorded, cfg, given, mmap=True).cfg  # the run's devices
         args = _WorkerArgs(cfg, given, effective.device, effective.distributed_world_size, effective.threads)
         return dist_util.launch(_train_worker, run_dir, args)
 

@@ -91,18 +91,24 @@ def merge_settings(recorded: TrainConfig, asked: TrainConfig, given: set[str], r
     return TrainConfig(**values), notes, changes
 
 
-def resolve_launch(checkpoint_dir: Path, recorded: Optional[dict[str, Any]], asked: TrainConfig, given: set[str]) -> Launch:
-    """Decide where this launch starts and with which settings (see the module docstring)."""
+def resolve_launch(checkpoint_dir: Path, recorded: Optional[dict[str, Any]], asked: TrainConfig, given: set[str],
+                   mmap: bool = False) -> Launch:
+    """Decide where this launch starts and with which settings (see the module docstring).
+    With `mmap`, the checkpoint's tensors are not read (for a launcher that needs the settings only)."""
+
+    def load(path: str | Path) -> dict[str, Any]:
+        return load_checkpoint(path, mmap=mmap)
+
     last = checkpoint_dir / "checkpoint_last.pt"
     if last.is_file():
         try:
-            ckpt = load_checkpoint(last)
+            ckpt = load(last)
         except NmtError as e:
             if asked.restore_file and "restore_file" in given:  # the user's answer to the hint below
                 path = Path(asked.restore_file)
                 cfg, notes, changes = merge_settings(_config_from((recorded or {}).get("train_config") or {}), asked,
                                                      given, resuming=False)
-                return Launch(cfg, load_checkpoint(path), path, "restore",
+                return Launch(cfg, load(path), path, "restore",
                               [f"{last} is damaged: restoring from {path} as asked; the next save replaces it"], changes)
             intact = newest_intact_checkpoint(checkpoint_dir, exclude=last)
             hint = (f"resume from the newest intact one with --restore-file {intact}" if intact
@@ -120,12 +126,12 @@ def resolve_launch(checkpoint_dir: Path, recorded: Optional[dict[str, Any]], ask
     else:
         cfg, changes = asked, {}
     if cfg.finetune_from:
-        return Launch(cfg, load_checkpoint(cfg.finetune_from), Path(cfg.finetune_from), "finetune", [], changes)
+        return Launch(cfg, load(cfg.finetune_from), Path(cfg.finetune_from), "finetune", [], changes)
     if cfg.restore_file:
         path = Path(cfg.restore_file)
         if not path.is_file():
             raise NmtError(f"--restore-file {path} does not exist")
-        return Launch(cfg, load_checkpoint(path), path, "restore", [], changes)
+        return Launch(cfg, load(path), path, "restore", [], changes)
     intact = newest_intact_checkpoint(checkpoint_dir) if checkpoint_dir.is_dir() else None
     if intact is not None:
         raise NmtError(
