@@ -41,27 +41,6 @@ def prepare(run_dir: Path, multi30k: Path) -> None:
                     "--vocab-size", "8000"], check=True)
 
 
-def cpu_bf16_units() -> tuple[bool, str]:
-    """Whether this CPU multiplies bf16 matrices natively, and the evidence."""
-    import torch
-
-    flags = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
-    units = sorted(flags & {"avx512_bf16", "amx_bf16"})
-    onednn = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    if units or onednn:
-        return True, f"cpu flags {', '.join(units) or 'n/a'}; oneDNN bf16 support {onednn}"
-    return False, ("the CPU flags show neither avx512_bf16 nor amx_bf16 and oneDNN reports no bf16 support "
-                   "(torch.ops.mkldnn._is_mkldnn_bf16_supported() is False), so bf16 matrix products would be "
-                   "emulated, slower than fp32")
-
-
 def compile_model(trainer) -> None:
     """Route the training forward through torch.compile (measurement only)."""
     import torch
@@ -153,6 +132,8 @@ def main() -> None:
     if args.device == "cpu" and "bf16" in args.amp:
         peaks["bf16"] = matmul_flops(torch.bfloat16)
     results = {}
+    from nmt.precision import cpu_bf16_units
+
     native_bf16, evidence = (True, "GPU") if args.device != "cpu" else cpu_bf16_units()
     print(f"bf16 matrix units: {'yes' if native_bf16 else 'no'} ({evidence})", flush=True)
     runs = [(amp, False) for amp in args.amp] + ([(amp, True) for amp in args.amp] if args.compile else [])

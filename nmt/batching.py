@@ -58,27 +58,42 @@ def make_batches(
     seed: int,
     epoch: int,
     max_sentences: int | None = None,
+    len_multiple: int = 1,
+    batch_multiple: int = 1,
 ) -> list[np.ndarray]:
     """Group `indices` into batches of similar length, in a random order fixed by (seed, epoch).
 
     Pairs are sorted by (target length, source length) with random tie-breaking, cut greedily
-    so that (sentences x longest side + 1) stays within `max_tokens` on both sides, and the
-    batch order is shuffled. A pair too long for `max_tokens` on its own is a batch of one.
+    so that (sentences x longest side + 1, rounded up to `len_multiple`) stays within
+    `max_tokens` on both sides, and the batch order is shuffled. A pair too long for
+    `max_tokens` on its own is a batch of one.
+
+    `batch_multiple` (fairseq's --required-batch-size-multiple) trims a batch of at least that
+    many sentences to a multiple of it; the rest starts the next batch. With `len_multiple`
+    (collate pads to it too) an epoch has a few dozen tensor shapes instead of hundreds, which
+    is what lets oneDNN's bf16 kernels, compiled once per shape, be reused (see `collate`).
     """
     rng = np.random.default_rng([seed, epoch])
     idx = indices[rng.permutation(len(indices))]
     if len(idx) == 0:
         return []
     # One stable sort on a combined key equals np.lexsort((src, tgt)): ties stay in random order.
-    src_len = src_sizes[idx].astype(np.int64) + 1
-    tgt_len = tgt_sizes[idx].astype(np.int64) + 1
+    src_len = padded_length(src_sizes[idx].astype(np.int64) + 1, len_multiple)
+    tgt_len = padded_length(tgt_sizes[idx].astype(np.int64) + 1, len_multiple)
     by_length = np.argsort(tgt_len * (int(src_len.max()) + 1) + src_len, kind="stable")
     idx, src_len, tgt_len = idx[by_length], src_len[by_length], tgt_len[by_length]
-    batches = np.split(idx, _greedy_batch_ends(src_len, tgt_len, max_tokens, max_sentences)[:-1])
+    ends = _greedy_batch_ends(src_len, tgt_len, max_tokens, max_sentences, batch_multiple)
+    batches = np.split(idx, ends[:-1])
     return [batches[j] for j in rng.permutation(len(batches))]
 
 
-def _greedy_batch_ends(src_len: np.ndarray, tgt_len: np.ndarray, max_tokens: int, max_sentences: int | None) -> list[int]:
+def padded_length(lengths: np.ndarray, multiple: int) -> np.ndarray:
+    """`lengths` rounded up to a multiple of `multiple` (the width `collate` pads to)."""
+    return -(-lengths // multiple) * multiple if multiple > 1 else lengths
+
+
+def _greedy_batch_ends(src_len: np.ndarray, tgt_len: np.ndarray, max_tokens: int, max_sentences: int | None,
+                       batch_multiple: int = 1) -> list[int]:
     """End positions of the greedy cut over length-sorted pairs (lengths with eos/bos).
 
     A batch starting at `start` takes pairs while count x running max length fits on both
@@ -101,16 +116,23 @@ def _greedy_batch_ends(src_len: np.ndarray, tgt_len: np.ndarray, max_tokens: int
             over = (count * src_max > max_tokens) | (count * tgt_len[start + 1 : start + last + 1] > max_tokens) | (count > cap)
             if over.any():
                 end = start + 1 + int(np.argmax(over))
+        if end - start >= batch_multiple > 1:
+            end = start + (end - start) // batch_multiple * batch_multiple
         ends.append(end)
         start = end
     return ends
 
 
-def collate(src: TokenArray, tgt: TokenArray, ids: np.ndarray) -> Batch:
-    """Pad one batch: sources get eos, decoder inputs bos + target, outputs target + eos."""
+def collate(src: TokenArray, tgt: TokenArray, ids: np.ndarray, len_multiple: int = 1) -> Batch:
+    """Pad one batch: sources get eos, decoder inputs bos + target, outputs target + eos.
+
+    Widths are rounded up to `len_multiple`. Padding is masked and never counted, so it
+    changes no result; it bounds the number of distinct shapes, and with it the kernels that
+    oneDNN compiles (and caches, in memory that grows with each new shape) for bf16 matmuls.
+    """
     ids = np.asarray(ids, dtype=np.int64)
-    src_ids, src_lens = _padded(src, ids, extra=1)  # (B, S): sentence, then room for eos
-    tgt_ids, tgt_lens = _padded(tgt, ids, extra=1)  # (B, T)
+    src_ids, src_lens = _padded(src, ids, extra=1, multiple=len_multiple)  # (B, S): sentence, then room for eos
+    tgt_ids, tgt_lens = _padded(tgt, ids, extra=1, multiple=len_multiple)  # (B, T)
     rows = np.arange(len(ids))
     src_ids[rows, src_lens] = EOS_ID
     prev = np.empty_like(tgt_ids)  # bos + target, shifted right
@@ -121,12 +143,12 @@ def collate(src: TokenArray, tgt: TokenArray, ids: np.ndarray) -> Batch:
                  int(src_lens.sum()) + len(ids), int(tgt_lens.sum()) + len(ids))
 
 
-def _padded(side: TokenArray, ids: np.ndarray, extra: int) -> tuple[np.ndarray, np.ndarray]:
+def _padded(side: TokenArray, ids: np.ndarray, extra: int, multiple: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Sentences `ids` of one side, left-aligned in a PAD_ID array with `extra` spare columns,
     gathered in one vectorised read of the memory-mapped ids; and their lengths."""
     starts = np.asarray(side.offsets[ids], dtype=np.int64)
     lens = np.asarray(side.offsets[ids + 1], dtype=np.int64) - starts
-    width = int(lens.max(initial=0)) + extra
+    width = int(padded_length(np.int64(lens.max(initial=0) + extra), multiple))
     out = np.full((len(ids), width), PAD_ID, dtype=np.int64)
     total = int(lens.sum())
     if total:

@@ -10,13 +10,61 @@ fp16, so training stops with a clear message instead of silently skipping foreve
 from __future__ import annotations
 
 import math
+import os
 from contextlib import nullcontext
+from functools import lru_cache
+from pathlib import Path
 from typing import Any, ContextManager, Iterable
 
 import torch
 from torch import Tensor
 
 from nmt.errors import NmtError
+
+
+ONEDNN_CACHE_CAPACITY = "64"
+"""oneDNN primitives cached for bf16 matmuls on CPU (its default is 1024). Each cached
+primitive keeps its working memory: with one primitive per (shape, pass), the default cache
+grew `small`'s bf16 training to 5 GB where fp32 needs 1 GB; 64 kept 95% of the speed at 2 GB
+(Sapphire Rapids, torch 2.13). The environment variable ONEDNN_PRIMITIVE_CACHE_CAPACITY, if
+set, wins."""
+
+
+@lru_cache(maxsize=None)
+def cpu_bf16_units() -> tuple[bool, str]:
+    """Whether this CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX), and the evidence.
+
+    Without such units oneDNN emulates bf16 matmuls, slower than fp32, so bf16 is never chosen
+    automatically there.
+    """
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    units = sorted(flags & {"avx512_bf16", "amx_bf16"})
+    onednn = bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if units:
+        return True, f"cpu flags {', '.join(units)}; oneDNN bf16 support {onednn}"
+    return False, ("the CPU flags show neither avx512_bf16 nor amx_bf16, so bf16 matrix products would be "
+                   "emulated, slower than fp32")
+
+
+def resolve_amp(amp: str, device: torch.device) -> str:
+    """`auto` -> bf16 on a GPU that supports it and on a CPU with bf16 matrix units, else none.
+
+    On CPUs with AVX512-BF16/AMX, bf16 autocast trained the recipe's models 1.1-1.6x faster
+    than fp32, with per-update losses within 0.002 bits over the first 200 updates and the same
+    validation curve (README, "Precision"); elsewhere fp32, the paper's precision.
+    """
+    if amp != "auto":
+        return amp
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "none"
+    return "bf16" if device.type == "cpu" and cpu_bf16_units()[0] else "none"
 
 
 class Precision:
@@ -29,13 +77,14 @@ class Precision:
 
     @classmethod
     def create(cls, amp: str, device: torch.device, min_loss_scale: float = 1e-4) -> "Precision":
-        """Resolve `auto`: bf16 on GPUs that support it, fp32 on CPU (the paper trained fp32)."""
-        if amp == "auto":
-            amp = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "none"
+        """Resolve `auto` (see `resolve_amp`) and check the device can do what was asked."""
+        amp = resolve_amp(amp, device)
         if amp == "none":
             return cls("fp32", device)
         if amp == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise NmtError("this GPU does not support bf16; use --amp fp16 or --amp none")
+        if amp == "bf16" and device.type == "cpu":
+            os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_CACHE_CAPACITY)  # read at the first bf16 matmul
         return cls(amp, device, min_loss_scale)
 
     def autocast(self) -> ContextManager:

@@ -35,7 +35,7 @@ from nmt import distributed as dist_util
 from nmt import train_policy
 from nmt.atomic import remove_leftover_temps
 from nmt.batch_stream import BatchStream, PreparedUpdate, prepare_group
-from nmt.batching import collate, make_batches, usable_indices
+from nmt.batching import Batch, collate, make_batches, usable_indices
 from nmt.checkpoint import CHECKPOINT_VERSION
 from nmt.checkpoints_dir import CheckpointManager
 from nmt.data import TokenArray
@@ -43,13 +43,13 @@ from nmt.engine import SkippedStep, TrainEngine, forward_loss
 from nmt.errors import Interrupted, NmtError
 from nmt.identity import IDENTITY_KEY, check_identity, checkpoint_identity, run_identity
 from nmt.model import Transformer, TransformerConfig, architecture, build_config
-from nmt.precision import Precision
+from nmt.precision import Precision, cpu_bf16_units
 from nmt.rundir import RunDir
 from nmt.runlock import RunLock, command_line
 from nmt.schedule import learning_rate
 from nmt.train_config import TrainConfig
 from nmt.train_log import TrainLogger, log_offsets, restore_logs, truncate_logs
-from nmt.train_resume import BATCHING_FIELDS, Launch, given_from_defaults, launch_record, resolve_launch
+from nmt.train_resume import BATCHING_DEFAULTS, BATCHING_FIELDS, Launch, given_from_defaults, launch_record, resolve_launch
 
 LN2 = math.log(2.0)
 
@@ -140,15 +140,17 @@ def model_config_for(cfg: TrainConfig, prep: dict[str, Any]) -> TransformerConfi
 
 
 def validation_loss(model: Transformer, corpus: Corpus, max_tokens: int, device: torch.device,
-                    precision: Precision, ctx: dist_util.DistContext, label_smoothing: float) -> dict[str, float]:
+                    precision: Precision, ctx: dist_util.DistContext, label_smoothing: float,
+                    len_multiple: int = 1) -> dict[str, float]:
     """Smoothed loss and NLL per target token (base 2) on the whole valid set, sharded over ranks."""
     was_training = model.training
     model.eval()
-    batches = make_batches(corpus.src.sizes, corpus.tgt.sizes, corpus.indices, max_tokens, seed=0, epoch=0)
+    batches = make_batches(corpus.src.sizes, corpus.tgt.sizes, corpus.indices, max_tokens, seed=0, epoch=0,
+                           len_multiple=len_multiple)
     totals = torch.zeros(3, dtype=torch.float64)
     with torch.no_grad():
         for ids in batches[ctx.rank :: ctx.world_size]:
-            batch = collate(corpus.src, corpus.tgt, ids).to(device)
+            batch = collate(corpus.src, corpus.tgt, ids, len_multiple).to(device)
             loss, nll = forward_loss(model, batch, label_smoothing, precision)
             totals += torch.tensor([loss.item(), nll.item(), batch.n_tgt_tokens], dtype=torch.float64)
     totals = ctx.all_reduce_sum(totals)
@@ -217,6 +219,7 @@ class Trainer:
         self.cfg = cfg = self.launch.cfg
         cfg.validate()
         self.history = list((recorded or {}).get("launches", []))
+        self.recorded_precision: Optional[str] = (recorded or {}).get("precision")
         self.device = ctx.device
         if cfg.threads > 0:
             torch.set_num_threads(cfg.threads)
@@ -303,6 +306,9 @@ class Trainer:
     def _check_batching(self) -> None:
         """Resuming with other batching settings cannot continue the epoch's list: restart it."""
         s, now = self.state, self._batching()
+        for key, default in BATCHING_DEFAULTS.items():  # fields that older checkpoints did not record
+            if s.batching:
+                s.batching.setdefault(key, default)
         if s.batching and s.batching != now and s.updates_in_epoch > 0:
             diff = ", ".join(f"{k} {s.batching.get(k)} -> {v}" for k, v in now.items() if s.batching.get(k) != v)
             self.notes.append(f"warning: batching changed ({diff}), so epoch {s.epoch} restarts from its beginning "
@@ -340,10 +346,16 @@ class Trainer:
     def lr_at(self, update: int) -> float:
         return learning_rate(update - self.state.lr_offset, self.model_cfg.d_model, self.cfg.warmup, self.cfg.lr_scale, self.cfg.lr)
 
+    def collate(self, src: TokenArray, tgt: TokenArray, ids: np.ndarray) -> Batch:
+        """One training batch as tensors, padded to --required-seq-len-multiple."""
+        return collate(src, tgt, ids, self.cfg.required_seq_len_multiple)
+
     def epoch_groups(self, epoch: int) -> list[list[np.ndarray]]:
         """This epoch's batches in groups of world_size x update_freq: one group per update."""
         d = self.train_data
-        batches = make_batches(d.src.sizes, d.tgt.sizes, d.indices, self.cfg.max_tokens, self.cfg.seed, epoch)
+        batches = make_batches(d.src.sizes, d.tgt.sizes, d.indices, self.cfg.max_tokens, self.cfg.seed, epoch,
+                               len_multiple=self.cfg.required_seq_len_multiple,
+                               batch_multiple=self.cfg.required_batch_size_multiple)
         per_update = self.ctx.world_size * self.cfg.update_freq
         return [batches[i : i + per_update] for i in range(0, len(batches), per_update)]
 
@@ -353,7 +365,7 @@ class Trainer:
         update = self.state.update + 1
         if not isinstance(group, PreparedUpdate):
             d = self.train_data
-            group = prepare_group(group, -1, self.ctx.rank, self.ctx.world_size, lambda ids: collate(d.src, d.tgt, ids))
+            group = prepare_group(group, -1, self.ctx.rank, self.ctx.world_size, lambda ids: self.collate(d.src, d.tgt, ids))
         out = self.engine.step(group.weighted(), self.lr_at(update))
         if isinstance(out, SkippedStep):
             self.state.consecutive_skips += 1
@@ -373,7 +385,7 @@ class Trainer:
         if self.valid_data is None or len(self.valid_data.indices) == 0:
             return None
         metrics = validation_loss(self.model, self.valid_data, self.cfg.max_tokens, self.device, self.precision, self.ctx,
-                                  self.cfg.label_smoothing)
+                                  self.cfg.label_smoothing, self.cfg.required_seq_len_multiple)
         if self.cfg.eval_bleu:
             from nmt.valid_bleu import validation_bleu
 
@@ -428,9 +440,13 @@ class Trainer:
         self.logger.start(self, self.describe())
         for note in self.notes:
             self.logger.info(note)
-        if self.precision.name == "bf16" and self.device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        if self.precision.name == "bf16" and self.device.type == "cpu" and not cpu_bf16_units()[0]:
             self.logger.info("warning: this CPU has no native bf16 matrix units (AVX512-BF16/AMX), so --amp bf16 "
                              "runs slower than fp32 here; use --amp none")
+        before = self.recorded_precision
+        if self.launch.mode == "resume" and before and before != self.precision.name:
+            self.logger.info(f"warning: precision {before} -> {self.precision.name} from this launch on (--amp {cfg.amp}); "
+                             f"pass --amp {'none' if before == 'fp32' else before} to keep {before}")
         if self.launch.mode != "fresh":
             how = {"resume": "resuming from", "restore": "restoring from", "finetune": "fine-tuning from"}[self.launch.mode]
             self.logger.info(f"{how} {self.launch.checkpoint_path} at update {s.update}, epoch {s.epoch} "
@@ -490,7 +506,7 @@ class Trainer:
             return None
         d = self.train_data
         with BatchStream(d.src, d.tgt, groups, rank=self.ctx.rank, world_size=self.ctx.world_size,
-                         device=self.device, start=s.updates_in_epoch) as stream:
+                         device=self.device, start=s.updates_in_epoch, collate_fn=self.collate) as stream:
             return self._run_updates(stream, len(groups), clock, interrupt)
 
     def _run_updates(self, stream: BatchStream, n_groups: int, clock: TrainingClock, interrupt: InterruptFlag) -> Optional[str]:

@@ -27,7 +27,9 @@ from nmt.train_config import TrainConfig
 ARCHITECTURE_FIELDS = ("arch", "d_model", "d_ff", "heads", "encoder_layers", "decoder_layers", "max_positions",
                        "share_all_embeddings", "share_decoder_input_output_embed", "pre_ln")
 FIRST_LAUNCH_ONLY = ("restore_file", "finetune_from", "reset_optimizer", "reset_lr_scheduler", "reset_dataloader")
-BATCHING_FIELDS = ("max_tokens", "update_freq", "seed")
+BATCHING_FIELDS = ("max_tokens", "update_freq", "seed", "required_seq_len_multiple", "required_batch_size_multiple")
+BATCHING_DEFAULTS = {"required_seq_len_multiple": 1, "required_batch_size_multiple": 1}
+"""Batching fields added after checkpoints already existed, with the value those checkpoints trained with."""
 """Settings that decide an epoch's batches; with the world size they are saved in each checkpoint."""
 
 

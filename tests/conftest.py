@@ -71,7 +71,7 @@ def trained_tiny_run(multi30k_dir: Path, tmp_path_factory) -> Path:
     run = root / "run"
     for args in (("preprocess", "-s", "en", "-t", "de", "--trainpref", root / "train", "--validpref", root / "val",
                   "--vocab-size", "1000", "--workers", "1"),
-                 ("train", "--arch", "tiny", "--max-tokens", "1024", "--threads", "1", "--no-progress-bar", "--seed", "1",
+                 ("train", "--arch", "tiny", "--amp", "none", "--max-tokens", "1024", "--threads", "1", "--no-progress-bar", "--seed", "1",
                   "--save-interval-minutes", "0", "--warmup", "50", "--lr", "3e-3", "--max-update", "600")):
         proc = run_nmt(args[0], "-r", run, *args[1:])
         assert proc.returncode == 0, proc.stderr

@@ -59,3 +59,33 @@ def test_collate_pads_sources_with_eos_and_shifts_targets_behind_bos(tmp_path):
     assert torch.equal(b.prev, torch.tensor([[B, 15, P, P, P], [B, 9, 10, P, P], [B, 11, 12, 13, 14]]))
     assert torch.equal(b.target, torch.tensor([[15, E, P, P, P], [9, 10, E, P, P], [11, 12, 13, 14, E]]))
     assert (b.n_src_tokens, b.n_tgt_tokens, b.n_sentences) == (1 + 4 + 2, 2 + 3 + 5, 3)
+
+
+@pytest.mark.parametrize("len_multiple,batch_multiple", [(8, 1), (8, 8), (16, 4)])
+def test_required_multiples_bound_the_shapes_keep_the_token_budget_and_every_pair(len_multiple, batch_multiple):
+    rng = np.random.default_rng(7)
+    n = 2000
+    src, tgt = rng.integers(0, 60, n), rng.integers(0, 60, n)
+    indices = np.arange(n)
+    batches = make_batches(src, tgt, indices, 1024, seed=1, epoch=1, len_multiple=len_multiple, batch_multiple=batch_multiple)
+    assert np.array_equal(np.sort(np.concatenate(batches)), indices)  # every pair once
+    for ids in batches:
+        width_src = -(-(int(src[ids].max()) + 1) // len_multiple) * len_multiple
+        width_tgt = -(-(int(tgt[ids].max()) + 1) // len_multiple) * len_multiple
+        assert len(ids) * max(width_src, width_tgt) <= 1024 or len(ids) == 1  # padding counts in the budget
+        assert len(ids) < batch_multiple or len(ids) % batch_multiple == 0
+    plain = make_batches(src, tgt, indices, 1024, seed=1, epoch=1)
+    shapes = lambda bs, m: {(len(b), -(-(int(src[b].max()) + 1) // m), -(-(int(tgt[b].max()) + 1) // m)) for b in bs}
+    assert len(shapes(batches, len_multiple)) < 0.7 * len(shapes(plain, 1))
+
+
+def test_collate_pads_widths_to_the_required_multiple_without_counting_the_padding(tmp_path):
+    for lang, sents in (("en", [[5, 6, 7], [8]]), ("de", [[9], [11, 12, 13, 14, 15, 16, 17, 18]])):
+        with TokenArrayWriter(*split_paths(tmp_path, "train", lang), np.dtype(np.uint16)) as w:
+            w.add(np.array([t for s in sents for t in s]), np.array([len(s) for s in sents]))
+    src, tgt = TokenArray(tmp_path, "train", "en", "uint16"), TokenArray(tmp_path, "train", "de", "uint16")
+    plain, padded = collate(src, tgt, np.array([0, 1])), collate(src, tgt, np.array([0, 1]), len_multiple=8)
+    assert padded.src.shape == (2, 8) and padded.prev.shape == (2, 16) and padded.target.shape == (2, 16)
+    assert torch.equal(padded.src[:, : plain.src.size(1)], plain.src) and bool((padded.src[:, plain.src.size(1):] == PAD_ID).all())
+    assert torch.equal(padded.target[:, : plain.target.size(1)], plain.target)
+    assert (padded.n_src_tokens, padded.n_tgt_tokens) == (plain.n_src_tokens, plain.n_tgt_tokens)

@@ -110,3 +110,30 @@ def test_tiny_model_overfits_a_handful_of_pairs():
         (loss / target.numel()).backward()
         opt.step()
     assert loss.item() / target.numel() < 0.02
+
+
+def test_bf16_attention_on_cpu_is_computed_in_fp32_and_matches_sdpa():
+    """CPU bf16 attention runs in fp32 (its bf16 backward is slow); same result as fp32 SDPA."""
+    from nmt.model import attend
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 5, 8) for _ in range(3))
+    mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    mask[1, ..., 3:] = False
+    ref = torch.nn.functional.scaled_dot_product_attention(q.bfloat16().float(), k.bfloat16().float(), v.bfloat16().float(), attn_mask=mask)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), attn_mask=mask)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref.bfloat16().float())
+
+
+def test_amp_auto_is_bf16_only_where_the_hardware_multiplies_bf16(monkeypatch):
+    from nmt import precision
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: (False, "no units"))
+    assert precision.resolve_amp("auto", cpu) == "none"
+    assert precision.Precision.create("auto", cpu).dtype is None
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: (True, "amx_bf16"))
+    assert precision.resolve_amp("auto", cpu) == "bf16"
+    assert precision.resolve_amp("none", cpu) == "none"

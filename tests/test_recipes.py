@@ -56,7 +56,7 @@ def load_recipe_module(name: str):
 # ---------------------------------------------------------------------------------------
 
 MULTI30K_TINY = {
-    "ARCH": "tiny", "SLICE": "3000", "VOCAB": "1000", "MAX_TOKENS": "1024", "MAX_UPDATE": "240",
+    "ARCH": "tiny", "AMP": "none", "SLICE": "3000", "VOCAB": "1000", "MAX_TOKENS": "1024", "MAX_UPDATE": "240",
     "WARMUP": "100", "LOG_INTERVAL": "40", "SAVE_INTERVAL_MINUTES": "0", "AVERAGE_LAST": "3", "AVERAGE_KIND": "all", "THREADS": "1",
 }
 
@@ -70,7 +70,7 @@ def test_multi30k_recipe_runs_the_whole_chain_and_a_second_run_does_not_retrain(
 
     # every step is shown as the exact command before it runs
     for command in ("$ nmt preprocess ", "$ nmt train ", "$ nmt average-checkpoints ", "$ nmt translate ",
-                    "$ nmt score ", "--beam 4 --lenpen 0.6", "--max-time 30m --max-update 240"):
+                    "$ nmt score ", "--beam 4 --lenpen 1.4", "--max-time 30m --max-update 240"):
         assert command in first.stdout, command
     # every file of the chain
     for rel in ("config/preprocess.json", "config/train.json", "vocab/joint.model", "data/train.en.bin",
@@ -90,6 +90,12 @@ def test_multi30k_recipe_runs_the_whole_chain_and_a_second_run_does_not_retrain(
     assert summary["train_time_s"] > 0 and summary["target_tokens_per_s"] > 0
     assert len(summary["averaged_from"]) == 3
     assert f"BLEU  {summary['bleu']:6.2f}  {summary['bleu_signature']}" in first.stdout
+    assert isinstance(summary["valid_bleu"], float) and (run / "valid.hyp.de").read_text(encoding="utf-8").count("\n") == 1014
+    # ARCH was given, DROPOUT left to the machine: the choice says which rule applied and why
+    choice = summary["choice"]
+    assert choice["auto"] == ["DROPOUT"] and choice["arch"] == "tiny" and choice["precision"] == "none" and choice["dropout"] == 0.1
+    assert summary["settings"]["DROPOUT"] == choice["dropout"] and "bf16 matrix units" in choice["machine"]
+    assert "chose arch tiny, dropout" in first.stdout
 
     # second run: preprocessing and training are no-ops; the later steps are redone quickly
     checkpoint = run / "checkpoints" / "checkpoint_last.pt"
@@ -205,7 +211,7 @@ def make_fake_wmt14(root: Path, n_test: int = 30) -> Path:
 
 
 WMT_TINY = {
-    "ARCH": "tiny", "ALLOW_CPU": "1", "VOCAB": "120", "MAX_TOKENS": "512", "TOKENS_PER_UPDATE": "1024",
+    "ARCH": "tiny", "AMP": "none", "ALLOW_CPU": "1", "VOCAB": "120", "MAX_TOKENS": "512", "TOKENS_PER_UPDATE": "1024",
     "MAX_UPDATE": "6", "WARMUP": "4", "LOG_INTERVAL": "2", "THREADS": "1", "WMT14_URL": UNREACHABLE,
 }
 

@@ -221,3 +221,22 @@ def test_changed_batching_restarts_the_epoch_with_a_warning(prepared, tmp_path):
     assert "epoch 1 restarts from its beginning" in more.stderr
     state = load_checkpoint(run / "checkpoints/checkpoint_last.pt")["train_state"]
     assert state["update"] == 8 and state["updates_in_epoch"] == 3 and state["batching"]["max_tokens"] == 128
+
+
+def test_a_resume_whose_precision_differs_from_the_records_says_so(prepared, tmp_path):  # noqa: F811
+    """`--amp auto` resolves per machine (bf16 only with bf16 matrix units): a run moved to
+    another machine, or recorded by an older nmt, is told when its precision changes."""
+    run = fresh_copy(prepared, tmp_path / "run")
+    assert run_nmt("train", "-r", run, *TINY, "--max-update", "3").returncode == 0
+    record = json.loads((run / "config/train.json").read_text(encoding="utf-8"))
+    now = record["precision"]
+    record["precision"] = "fp16"  # as if recorded where auto meant something else
+    (run / "config/train.json").write_text(json.dumps(record), encoding="utf-8")
+    more = run_nmt("train", "-r", run, "--max-update", "5")
+    assert more.returncode == 0, more.stderr
+    said = " ".join(more.stderr.split())
+    assert f"warning: precision fp16 -> {now} from this launch on (--amp none); pass --amp fp16 to keep fp16" in said
+    assert "precision fp16 ->" in (run / "logs/train.log").read_text(encoding="utf-8")
+    # an ordinary resume says nothing about precision
+    again = run_nmt("train", "-r", run, "--max-update", "6")
+    assert again.returncode == 0 and "warning: precision" not in again.stderr

@@ -21,7 +21,7 @@ from nmt.progress import Limits, format_duration, time_to_end
 from nmt.train_policy import patience_count
 from test_train import fresh_copy, prepared  # noqa: F401  (prepared: the preprocessed tiny task)
 
-TINY = ["--arch", "tiny", "--max-tokens", "256", "--threads", "1", "--save-interval-minutes", "0", "--warmup", "10"]
+TINY = ["--arch", "tiny", "--amp", "none", "--max-tokens", "256", "--threads", "1", "--save-interval-minutes", "0", "--warmup", "10"]
 
 
 def run_on_terminal(*args: str) -> tuple[int, str]:
