@@ -306,9 +306,8 @@ class Trainer:
     def _check_batching(self) -> None:
         """Resuming with other batching settings cannot continue the epoch's list: restart it."""
         s, now = self.state, self._batching()
-        for key, default in BATCHING_DEFAULTS.items():  # fields that older checkpoints did not record
-            if s.batching:
-                s.batching.setdefault(key, default)
+        if s.batching:  # fields that older checkpoints did not record had their defaults
+            s.batching = {**BATCHING_DEFAULTS, **s.batching}
         if s.batching and s.batching != now and s.updates_in_epoch > 0:
             diff = ", ".join(f"{k} {s.batching.get(k)} -> {v}" for k, v in now.items() if s.batching.get(k) != v)
             self.notes.append(f"warning: batching changed ({diff}), so epoch {s.epoch} restarts from its beginning "

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -45,6 +47,18 @@ def run_nmt(*args: str, input: bytes | str | None = None, cwd: str | Path | None
         proc.args, proc.returncode,
         proc.stdout.decode("utf-8", errors="replace"), proc.stderr.decode("utf-8", errors="replace"),
     )
+
+
+def start_nmt(*args: str, **popen: object) -> subprocess.Popen:
+    """Start the real `nmt` command line in the background (for tests that interrupt it)."""
+    return subprocess.Popen([sys.executable, "-m", "nmt_cli", *map(str, args)], **popen)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 120, poll: float = 0.01) -> None:
+    """Poll `condition` until it holds or `timeout` seconds pass (the test's next assertion says which)."""
+    deadline = time.time() + timeout
+    while not condition() and time.time() < deadline:
+        time.sleep(poll)
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:

@@ -6,18 +6,12 @@ import doctest
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import nmt
 from conftest import run_nmt
-from test_translate import _lines, _make_run, _save_model
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    return _make_run(tmp_path_factory.mktemp("run"), _lines(400, 0), 90)
+from test_translate import _lines, _save_model, run_dir  # noqa: F401  (fixture)
 
 
 @pytest.fixture(scope="module")

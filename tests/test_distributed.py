@@ -4,7 +4,6 @@ stops the job with its rank named; fp16 loss scaling skips overflows and stops o
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import socket
 import subprocess
@@ -16,7 +15,7 @@ import psutil
 import pytest
 import torch
 
-from conftest import REPO, run_nmt
+from conftest import run_nmt, start_nmt, wait_until
 from nmt.checkpoint import load_checkpoint
 from test_train import TINY, fresh_copy, prepared  # noqa: F401  (fixture)
 
@@ -68,11 +67,8 @@ def test_torchrun_two_processes_give_the_same_result(prepared, single_with_updat
 def test_killed_worker_stops_the_job_naming_its_rank_and_rerun_resumes(prepared, tmp_path):  # noqa: F811
     run = fresh_copy(prepared, tmp_path / "run")
     args = [*TINY, "--max-update", "400", "--save-interval-updates", "5", "--device", "cpu", "--distributed-world-size", "2"]
-    parent = subprocess.Popen([sys.executable, "-m", "nmt_cli", "train", "-r", str(run), *args],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while not (run / "checkpoints/checkpoint_last.pt").exists() and time.time() < deadline:
-        time.sleep(0.05)
+    parent = start_nmt("train", "-r", run, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until((run / "checkpoints/checkpoint_last.pt").exists, poll=0.05)
     workers = sorted((p for p in psutil.Process(parent.pid).children() if "spawn" in " ".join(p.cmdline())),
                      key=lambda p: (p.create_time(), p.pid))
     assert len(workers) == 2

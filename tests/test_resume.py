@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import assert_one_line_error, run_nmt
+from conftest import assert_one_line_error, run_nmt, start_nmt, wait_until
 from nmt.checkpoint import load_checkpoint
 from nmt.schedule import paper_lr, peak_lr
 from test_train import TINY, fresh_copy, prepared  # noqa: F401  (fixture)
@@ -165,12 +165,9 @@ def test_ctrl_c_saves_the_update_reached_and_a_rerun_continues_exactly(prepared,
     assert run_nmt("train", "-r", once, *args).returncode == 0
 
     run = fresh_copy(prepared, tmp_path / "run")
-    proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", "train", "-r", str(run), *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = start_nmt("train", "-r", run, *args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     log = run / "logs/train.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and not (log.is_file() and log.read_text().count('"train"') >= 8):
-        time.sleep(0.01)
+    wait_until(lambda: log.is_file() and log.read_text().count('"train"') >= 8)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     lines = [l for l in err.decode().splitlines() if l.startswith("nmt:")]

@@ -7,7 +7,6 @@ import json
 import socket
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -19,14 +18,9 @@ from conftest import assert_one_line_error, run_nmt  # noqa: E402
 from nmt.serve import parse_body  # noqa: E402
 from nmt.serve_config import ServeConfig  # noqa: E402
 from serve_helpers import Server  # noqa: E402
-from test_translate import _lines, _make_run  # noqa: E402
+from test_translate import _lines, run_dir  # noqa: E402, F401  (fixture)
 
 FLAGS = ("--threads", "1", "--max-len-b", "6", "--max-chars", "2000", "--max-lines", "40", "--batch-window-ms", "100")
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    return _make_run(tmp_path_factory.mktemp("run"), _lines(400, 0), 90)
 
 
 @pytest.fixture(scope="module")

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import assert_one_line_error, run_nmt
+from conftest import assert_one_line_error, run_nmt, start_nmt, wait_until
 from nmt.checkpoint import load_checkpoint
 from nmt.schedule import paper_lr
 
@@ -78,11 +75,8 @@ def test_resume_after_sigkill_ends_with_identical_parameters(prepared, tmp_path)
     assert run_nmt("train", "-r", once, *args).returncode == 0
 
     killed = fresh_copy(prepared, tmp_path / "killed")
-    proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", "train", "-r", str(killed), *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while not list((killed / "checkpoints").glob("checkpoint_*_20.pt")) and time.time() < deadline:
-        time.sleep(0.01)
+    proc = start_nmt("train", "-r", killed, *args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(lambda: bool(list((killed / "checkpoints").glob("checkpoint_*_20.pt"))))
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert load_checkpoint(killed / "checkpoints/checkpoint_last.pt")["train_state"]["update"] < 40

@@ -3,16 +3,13 @@ directory. Each is one line on stderr, and the run's checkpoints and logs stay a
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-import pytest
 import torch
 
-from conftest import assert_one_line_error, run_nmt
+from conftest import assert_one_line_error, run_nmt, start_nmt, wait_until
 from nmt.checkpoint import load_checkpoint
 from test_faults import needs_mount, nmt_with_mount
 from test_train import TINY, fresh_copy, prepared, write_corpus  # noqa: F401  (fixture)
@@ -30,11 +27,8 @@ def test_a_second_train_on_one_run_dir_is_refused_naming_the_first(prepared, tmp
     assert run_nmt("train", "-r", alone, *args).returncode == 0
 
     run = fresh_copy(prepared, tmp_path / "run")
-    first = subprocess.Popen([sys.executable, "-m", "nmt_cli", "train", "-r", str(run), *args],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 120
-    while not (run / "logs/train.jsonl").is_file() and time.time() < deadline:
-        time.sleep(0.01)
+    first = start_nmt("train", "-r", run, *args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wait_until((run / "logs/train.jsonl").is_file)
     assert first.poll() is None, "the first run ended before the second could start"
     start = time.monotonic()
     second = run_nmt("train", "-r", run, *args)
