@@ -195,12 +195,14 @@ def main() -> None:
                 calls = after["batches"] - before["batches"]
                 level["model_calls"] = calls
                 level["sentences_per_model_call"] = round((after["sentences"] - before["sentences"]) / max(calls, 1), 1)
+                level["model_busy_fraction"] = round((after["busy_seconds"] - before["busy_seconds"]) / (args.seconds + args.warmup), 3)
                 levels.append(level)
                 lat = level["latency_ms"]
                 print(f"{clients:3d} clients: {level['requests_per_s']} requests/s, {level['sentences_per_s']} sentences/s, "
                       f"latency p50 {lat['p50']} ms, "
                       f"p95 {lat['p95']} ms, p99 {lat['p99']} ms, {level['errors']} errors, "
-                      f"{level['sentences_per_model_call']} sentences per model call", file=sys.stderr)
+                      f"{level['sentences_per_model_call']} sentences per model call, model busy "
+                      f"{level['model_busy_fraction']:.0%} of the time", file=sys.stderr)
             page = None
             if not args.no_page:
                 chromium, why = find_or_install_chromium()

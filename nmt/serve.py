@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
-from typing import Any, AsyncIterator, Optional, Sequence
+from typing import Any, AsyncIterator, Callable, Optional, Sequence
 
 from nmt.errors import NmtError
 from nmt.serve_config import ServeConfig
@@ -117,12 +117,15 @@ def file_sha256(path: Path) -> str:
 class TranslationService:
     """The loaded model behind the batcher, plus what /info and each answer report about it."""
 
-    def __init__(self, model: Any, cfg: ServeConfig):
+    def __init__(self, load_model: Callable[[], Any], cfg: ServeConfig):
+        """`load_model` runs on the batcher's worker thread, the one thread that ever computes
+        with the model (see `nmt.batcher`: a second computing thread halved CPU speed)."""
         from nmt.batcher import Batcher
 
-        self.model, self.cfg = model, cfg
-        self.checkpoints = [{"path": str(p), "sha256": file_sha256(p)} for p in model.checkpoints]
-        self.batcher = Batcher(self._translate, cfg.batch_window_ms / 1000.0, cfg.max_batch_sentences)
+        self.cfg = cfg
+        self.batcher = Batcher(self._translate, cfg.batch_window_ms / 1000.0, cfg.max_batch_sentences, init=load_model)
+        self.model = self.batcher.wait_ready()
+        self.checkpoints = [{"path": str(p), "sha256": file_sha256(p)} for p in self.model.checkpoints]
 
     def _translate(self, lines: Sequence[str], search: dict[str, Any]) -> list[Any]:
         return self.model.with_search(**search).translate(lines)
@@ -270,8 +273,8 @@ def serve(run_dir: str | Path, checkpoints: Sequence[str | Path], settings: dict
     from nmt.api import load
 
     sock = listen_socket(cfg.host, cfg.port)  # a taken port fails before the model loads
-    model = load(run_dir, list(checkpoints) or None, **settings)
-    service = TranslationService(model, cfg)
+    service = TranslationService(lambda: load(run_dir, list(checkpoints) or None, **settings), cfg)
+    model = service.model
     config = uvicorn.Config(build_app(service), access_log=False, log_level="warning",
                             timeout_graceful_shutdown=None, lifespan="on")
     server = uvicorn.Server(config)

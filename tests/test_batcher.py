@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from nmt.batcher import Batcher
 from nmt.translate import Translation
 
@@ -99,3 +101,37 @@ def test_an_error_in_a_model_call_reaches_every_request_in_it():
     batcher.close()
     assert all(isinstance(e, RuntimeError) for e in answers.got.values())
     assert batcher.stats.errors == 1
+
+
+def test_the_model_is_loaded_on_the_thread_that_runs_every_model_call():
+    """One computing thread: a model loaded on another thread slowed every CPU call (libgomp)."""
+    threads: list[str] = []
+
+    def load():
+        threads.append(threading.current_thread().name)
+        return "model"
+
+    def translate(lines, search):
+        threads.append(threading.current_thread().name)
+        return [Translation(l, -1.0, [(l, -1.0)]) for l in lines]
+
+    answers = Answers(FakeModel())
+    batcher = Batcher(translate, window=0.0, max_sentences=8, init=load)
+    assert batcher.wait_ready() == "model"
+    batcher.submit(["a"], {}, answers.done_for("a"))
+    answers.wait(1)
+    batcher.close()
+    assert answers.got == {"a": ["a"]}
+    assert len(threads) == 2 and threads[0] == threads[1] != threading.current_thread().name
+
+
+def test_a_failed_load_is_raised_to_the_caller_and_the_batcher_takes_nothing():
+    def load():
+        raise RuntimeError("no checkpoint")
+
+    batcher = Batcher(lambda lines, search: [], window=0.0, max_sentences=8, init=load)
+    with pytest.raises(RuntimeError, match="no checkpoint"):
+        batcher.wait_ready()
+    with pytest.raises(RuntimeError, match="closed"):
+        batcher.submit(["a"], {}, lambda found, error: None)
+    batcher.close()
