@@ -109,9 +109,7 @@ def _next_scores(models: Sequence[Transformer], states: Sequence[DecoderState], 
     """
     if len(models) == 1:
         logits = models[0].decode_step(tokens, states[0])
-        peak = logits.amax(1, keepdim=True)  # (R, 1)
-        shifted = logits - peak
-        norm = peak[:, 0] + shifted.exp_().sum(1).log_()
+        norm = _log_sum_exp_rows(logits)
         logits[:, PAD_ID] = float("-inf")
         logits[:, BOS_ID] = float("-inf")
         return logits, norm
@@ -123,6 +121,23 @@ def _next_scores(models: Sequence[Transformer], states: Sequence[DecoderState], 
     total[:, PAD_ID] = float("-inf")
     total[:, BOS_ID] = float("-inf")
     return total, total.new_zeros(total.size(0))
+
+
+LSE_CHUNK_ELEMENTS = 1 << 21
+"""Elements of the (rows, V) scores exponentiated at a time (8 MiB in fp32): the whole
+exponentiated copy was as large as the logits, a CPU search's second-largest buffer."""
+
+
+def _log_sum_exp_rows(scores: Tensor) -> Tensor:
+    """log sum_k exp(scores[r, k]) per row, with the row maximum shifted out, a chunk of rows at a time."""
+    n_rows, vocab = scores.shape
+    peak = scores.amax(1)  # (R,)
+    out = torch.empty_like(peak)
+    step = max(1, LSE_CHUNK_ELEMENTS // max(vocab, 1))
+    for start in range(0, n_rows, step):
+        end = start + step
+        out[start:end] = (scores[start:end] - peak[start:end, None]).exp_().sum(1).log_()
+    return out.add_(peak)
 
 
 def _row_topk(scores: Tensor, w: int, block: int = 64) -> tuple[Tensor, Tensor]:

@@ -222,14 +222,13 @@ class SelfAttentionCache:
     """Keys and values of the tokens decoded so far, (rows, h, capacity, d_head) each.
 
     Appending writes one step in place; the capacity doubles when full, so a step never
-    copies the whole cache just to grow it (as concatenation would). `reorder` gathers the
-    surviving rows into a second buffer kept for that purpose, so beam steps allocate nothing.
+    copies the whole cache just to grow it (as concatenation would). `reorder` moves the
+    surviving rows within the same buffers.
     """
 
     def __init__(self) -> None:
         self.k: Optional[Tensor] = None
         self.v: Optional[Tensor] = None
-        self.spare: Optional[tuple[Tensor, Tensor]] = None
         self.length = 0
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -248,20 +247,17 @@ class SelfAttentionCache:
         if self.k is not None:
             k[:, :, : self.length] = self.k[:, :, : self.length]
             v[:, :, : self.length] = self.v[:, :, : self.length]
-        self.k, self.v, self.spare = k, v, None
+        self.k, self.v = k, v
 
     def reorder(self, rows: Tensor) -> None:
+        """Keep `rows` (in that order) as rows 0..n-1, in place in the same buffers: a second
+        buffer to gather into would double the cache, the largest memory of a CPU search."""
         if self.k is None:
             return
         n = rows.numel()
-        if self.spare is None or self.spare[0].size(2) != self.k.size(2) or self.spare[0].size(0) < n:
-            shape = (n, *self.k.shape[1:])
-            self.spare = (self.k.new_empty(shape), self.v.new_empty(shape))
-        new_k, new_v = self.spare[0][:n], self.spare[1][:n]
-        torch.index_select(self.k[:, :, : self.length], 0, rows, out=new_k[:, :, : self.length])
-        torch.index_select(self.v[:, :, : self.length], 0, rows, out=new_v[:, :, : self.length])
-        self.spare = (self.k, self.v)
-        self.k, self.v = new_k, new_v
+        for buf in (self.k, self.v):
+            buf[:n, :, : self.length] = buf[:, :, : self.length].index_select(0, rows)
+        self.k, self.v = self.k[:n], self.v[:n]
 
 
 class FeedForward(nn.Module):

@@ -114,6 +114,40 @@ def test_reordered_decoder_state_continues_the_chosen_rows():
     assert (torch.stack(cont, 1) - full[:, 11:]).abs().max().item() < 1e-5
 
 
+def test_rows_reordered_in_place_twice_then_grown_continue_the_chosen_rows():
+    """The cache moves surviving rows within its own buffers (no second buffer); a later
+    reorder, and growth past the capacity after it, must still continue the right rows."""
+    vocab = 40
+    model = _model(vocab)
+    src = _batch([6, 4, 5], vocab)
+    g = torch.Generator().manual_seed(5)
+    prev = torch.randint(4, vocab, (6, 20), generator=g)
+    prev[:, 0] = BOS_ID
+    first, second = torch.tensor([1, 0, 3, 3, 5, 4]), torch.tensor([1, 1, 5, 4])  # duplicates, then sentence 1 leaves
+    with torch.inference_mode():
+        state = model.init_decoder_state(model.encode(src), beam=2)
+        for t in range(5):
+            model.decode_step(prev[:, t], state)
+        state.reorder(first)
+        for t in range(5, 9):
+            model.decode_step(prev[first, t], state)
+        state.reorder(second, torch.tensor([0, 2]))
+        rows = first[second]
+        cont = [F.log_softmax(model.decode_step(prev[rows, t], state), dim=-1) for t in range(9, 20)]  # grows at 16
+        history = torch.cat([prev[rows, :5], prev[first, 5:9][second], prev[rows, 9:]], dim=1)
+        full = F.log_softmax(model(src[torch.tensor([0, 2])].repeat_interleave(2, 0), history), dim=-1)
+    assert (torch.stack(cont, 1) - full[:, 9:]).abs().max().item() < 1e-5
+
+
+def test_row_log_sum_exp_in_chunks_equals_logsumexp(monkeypatch):
+    import nmt.beam_search as bs
+
+    scores = torch.randn(37, 50) * 30
+    scores[3, 7:] = float("-inf")
+    monkeypatch.setattr(bs, "LSE_CHUNK_ELEMENTS", 50 * 8)  # 8 rows a chunk: 5 chunks, the last partial
+    assert torch.allclose(bs._log_sum_exp_rows(scores), torch.logsumexp(scores, dim=1), atol=1e-5)
+
+
 # -- beam search against exhaustive search ----------------------------------------------
 
 @pytest.mark.parametrize("beam_style", ["t2t", "fairseq", "shrink"])
