@@ -28,9 +28,9 @@ ARCHITECTURE_FIELDS = ("arch", "d_model", "d_ff", "heads", "encoder_layers", "de
                        "share_all_embeddings", "share_decoder_input_output_embed", "pre_ln")
 FIRST_LAUNCH_ONLY = ("restore_file", "finetune_from", "reset_optimizer", "reset_lr_scheduler", "reset_dataloader")
 BATCHING_FIELDS = ("max_tokens", "update_freq", "seed", "required_seq_len_multiple", "required_batch_size_multiple")
+"""Settings that decide an epoch's batches; with the world size they are saved in each checkpoint."""
 BATCHING_DEFAULTS = {"required_seq_len_multiple": 1, "required_batch_size_multiple": 1}
 """Batching fields added after checkpoints already existed, with the value those checkpoints trained with."""
-"""Settings that decide an epoch's batches; with the world size they are saved in each checkpoint."""
 
 
 @dataclass

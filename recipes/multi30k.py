@@ -278,9 +278,10 @@ def choose_model(s: dict[str, Any]) -> dict[str, Any]:
     return what was chosen and why (printed, and kept in summary.json)."""
     import torch
 
+    from nmt.distributed import resolve_device
     from nmt.precision import cpu_bf16_units, resolve_amp
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device("auto")  # what `nmt train --device auto` will train on
     amp = resolve_amp(s["AMP"], device)
     if device.type == "cuda":
         why = f"GPU {torch.cuda.get_device_name(0)}, --amp {s['AMP']} -> {amp}"

@@ -29,6 +29,13 @@ def _model(vocab: int, seed: int = 0, **kw) -> Transformer:
     return Transformer(build_config("tiny", vocab, vocab, **kw)).eval()
 
 
+def _prefixes(rows: int, length: int, vocab: int, seed: int) -> torch.Tensor:
+    """Random decoder inputs (rows, length) of ordinary tokens, each starting with bos."""
+    prev = torch.randint(4, vocab, (rows, length), generator=torch.Generator().manual_seed(seed))
+    prev[:, 0] = BOS_ID
+    return prev
+
+
 def _batch(lengths: list[int], vocab: int, seed: int = 1) -> torch.Tensor:
     """Right-padded, eos-terminated random sources of `lengths` tokens (eos included)."""
     g = torch.Generator().manual_seed(seed)
@@ -85,9 +92,7 @@ def test_incremental_decoding_equals_full_recomputation_with_padding():
     vocab = 40
     model = _model(vocab)
     src = _batch([7, 3, 5], vocab)
-    g = torch.Generator().manual_seed(3)
-    prev = torch.randint(4, vocab, (3, 9), generator=g)
-    prev[:, 0] = BOS_ID
+    prev = _prefixes(3, 9, vocab, seed=3)
     with torch.inference_mode():
         full = F.log_softmax(model(src, prev), dim=-1)  # (B, T, V)
         state = model.init_decoder_state(model.encode(src))
@@ -99,9 +104,7 @@ def test_reordered_decoder_state_continues_the_chosen_rows():
     vocab = 40
     model = _model(vocab)
     src = _batch([6, 4, 5], vocab)
-    g = torch.Generator().manual_seed(4)
-    prev = torch.randint(4, vocab, (6, 14), generator=g)  # beam 2: rows 2i and 2i+1 belong to sentence i
-    prev[:, 0] = BOS_ID
+    prev = _prefixes(6, 14, vocab, seed=4)  # beam 2: rows 2i and 2i+1 belong to sentence i
     rows = torch.tensor([1, 1, 5, 4])  # sentence 1 leaves; survivors pick parents, one twice
     sentences = torch.tensor([0, 2])
     with torch.inference_mode():
@@ -120,9 +123,7 @@ def test_rows_reordered_in_place_twice_then_grown_continue_the_chosen_rows():
     vocab = 40
     model = _model(vocab)
     src = _batch([6, 4, 5], vocab)
-    g = torch.Generator().manual_seed(5)
-    prev = torch.randint(4, vocab, (6, 20), generator=g)
-    prev[:, 0] = BOS_ID
+    prev = _prefixes(6, 20, vocab, seed=5)
     first, second = torch.tensor([1, 0, 3, 3, 5, 4]), torch.tensor([1, 1, 5, 4])  # duplicates, then sentence 1 leaves
     with torch.inference_mode():
         state = model.init_decoder_state(model.encode(src), beam=2)
