@@ -105,19 +105,19 @@ def time_in_process(run: Path, lines: list[str], beam: int, args, length: dict, 
     translator.target_tokens = 0
 
     rows = [0]
-    decode_step = Transformer.decode_step
+    decode_step = Transformer.decode_step_hidden
 
     def counting_step(self, tokens, state):  # one Python call per step: no measurable cost
         rows[0] += tokens.numel()
         return decode_step(self, tokens, state)
 
-    Transformer.decode_step = counting_step
+    Transformer.decode_step_hidden = counting_step
     try:
         start = time.perf_counter()
         out = translator.translate(lines)
         seconds = time.perf_counter() - start
     finally:
-        Transformer.decode_step = decode_step
+        Transformer.decode_step_hidden = decode_step
     assert len(out) == len(lines)
     time_in_process.last_output = [t.hyp for t in out]
     source_tokens = sum(min(len(ids), translator.max_positions - 1) + 1

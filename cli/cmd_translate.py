@@ -12,6 +12,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from nmt_cli import fast_exit
 from nmt_cli.common import RunDirOption
 from nmt_cli.dataclass_options import dataclass_parameters, with_parameters
 
@@ -135,5 +136,6 @@ def register(app: typer.Typer) -> None:
         seconds = time.perf_counter() - start
         say(f"{n_lines} lines, {translator.target_tokens} target tokens in {seconds:.1f} s "
             f"({n_lines / max(seconds, 1e-9):.1f} sentences/s)")
+        fast_exit.request()  # the output is flushed and nothing else runs: skip torch's slow teardown
 
     app.command("translate", help=HELP)(with_parameters(translate_command, params))

@@ -11,6 +11,7 @@ import typer
 
 from nmt.errors import Interrupted, NmtError
 from nmt.oserrors import os_error_message
+from nmt_cli import fast_exit
 
 app = typer.Typer(
     name="nmt",
@@ -73,8 +74,10 @@ def main() -> None:
         try:
             app()
         except SystemExit as e:
-            if e.code in (0, None) and not sys.stdout.closed:
-                sys.stdout.flush()  # here, not at exit, so a full disk is reported below
+            if e.code in (0, None):
+                if not sys.stdout.closed:
+                    sys.stdout.flush()  # here, not at exit, so a full disk is reported below
+                fast_exit.exit_if_requested()
             raise
     except Interrupted as e:  # a command that saved its work first says what it saved
         _fail("nmt: interrupted" + (f": {e}" if str(e) else ""), e.exit_code)

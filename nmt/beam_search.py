@@ -2,13 +2,14 @@
 
 The search runs over whole tensors: every sentence of a batch owns `beam` adjacent rows of
 one decoder batch (dead rows carry log-probability -inf), advanced one token per step with
-the model's key/value cache (`Transformer.decode_step`); the encoder and its keys/values run
+the model's key/value cache (`Transformer.decode_step_hidden`); the encoder and its keys/values run
 once per sentence and are shared by the sentence's rows, never copied per row.
 
 One step, for every sentence at once:
   1. log-probabilities of the next token for every row: logits (float32 even under bf16
      weights) and one log-sum-exp per row, never a written-out (rows, V) log-softmax (an
-     ensemble averages its members' log-probabilities);
+     ensemble averages its members' log-probabilities), for a block of rows at a time, each
+     block reduced to its rows' best tokens before the next is projected;
   2. the sentence's candidates are its best one-token extensions by log-probability (all
      have the same length, so the length penalty would not change their order): 2k of them
      for `t2t` and `fairseq`, k for `shrink`;
@@ -99,28 +100,56 @@ def max_output_lengths(src_tokens: Tensor, cfg: SearchConfig, max_positions: int
     return limit.clamp(0, max_positions - 1)
 
 
-def _next_scores(models: Sequence[Transformer], states: Sequence[DecoderState], tokens: Tensor) -> tuple[Tensor, Tensor]:
-    """Next-token scores (R, V) float32 and per-row normalizers (R,): log P = scores - norm.
+@dataclass
+class RowCandidates:
+    """Each decoder row's best next tokens, without the (rows, V) scores they came from."""
 
-    One model: scores are the logits (pad and bos set to -inf, since they are never
-    generated) and norm their log-sum-exp over the whole vocabulary, computed in place on a
-    copy-free pass, so no (R, V) log-softmax is ever written. An ensemble averages its
-    members' log-probabilities.
-    """
-    if len(models) == 1:
-        logits = models[0].decode_step(tokens, states[0])
-        norm = _log_sum_exp_rows(logits)
-        logits[:, PAD_ID] = float("-inf")
-        logits[:, BOS_ID] = float("-inf")
-        return logits, norm
-    total = None
-    for model, state in zip(models, states):
-        lprobs = F.log_softmax(model.decode_step(tokens, state), dim=-1)
-        total = lprobs if total is None else total.add_(lprobs)
-    total.div_(len(models))
-    total[:, PAD_ID] = float("-inf")
-    total[:, BOS_ID] = float("-inf")
-    return total, total.new_zeros(total.size(0))
+    log_probs: Tensor
+    """(rows, per_row) log-probabilities, best first."""
+    tokens: Tensor
+    """(rows, per_row) their token ids."""
+    eos: Tensor
+    """(rows,) log-probability of eos, which a sentence at its length limit must take."""
+
+
+LOGIT_BLOCK_ELEMENTS = 1 << 21
+"""Logits written at a time on CPU (8 MiB in fp32): the (rows, V) logits of a whole batch were
+the CPU search's largest temporary (35 MiB for 1,168 rows of an 8,000-piece vocabulary). On a
+GPU the whole batch is projected at once: memory is plentiful there, kernel launches are not."""
+
+
+def _row_candidates(models: Sequence[Transformer], states: Sequence[DecoderState], tokens: Tensor,
+                    per_row: int) -> RowCandidates:
+    """Advance every model one step and rank each row's next tokens (pad and bos are never
+    generated). The vocabulary projection runs a block of rows at a time, so the logits of
+    the whole batch never exist at once; log P = logits - log-sum-exp, and an ensemble
+    averages its members' log-probabilities."""
+    hidden = [m.decode_step_hidden(tokens, s) for m, s in zip(models, states)]
+    n_rows = tokens.numel()
+    vocab = models[0].cfg.tgt_vocab_size
+    block = n_rows if tokens.device.type != "cpu" else max(1, LOGIT_BLOCK_ELEMENTS // vocab)
+    log_probs = torch.empty(n_rows, per_row, device=tokens.device)
+    best = torch.empty(n_rows, per_row, dtype=torch.long, device=tokens.device)
+    eos = torch.empty(n_rows, device=tokens.device)
+    for start in range(0, n_rows, block):
+        rows = slice(start, start + block)
+        if len(models) == 1:
+            scores = models[0].project_fp32(hidden[0][rows])
+            norm = _log_sum_exp_rows(scores)
+        else:
+            scores = None
+            for model, h in zip(models, hidden):
+                lprobs = F.log_softmax(model.project_fp32(h[rows]), dim=-1)
+                scores = lprobs if scores is None else scores.add_(lprobs)
+            scores.div_(len(models))
+            norm = scores.new_zeros(scores.size(0))
+        scores[:, PAD_ID] = float("-inf")
+        scores[:, BOS_ID] = float("-inf")
+        values, ids = _row_topk(scores, per_row)
+        log_probs[rows] = values - norm[:, None]
+        best[rows] = ids
+        eos[rows] = scores[:, EOS_ID] - norm
+    return RowCandidates(log_probs, best, eos)
 
 
 LSE_CHUNK_ELEMENTS = 1 << 21
@@ -201,17 +230,14 @@ def beam_search(
     step = 0
     while True:
         n_active = sent_id.numel()
-        scores, norm = _next_scores(models, states, tokens)  # (rows, V), (rows,)
-
         # The sentence's best n_cand extensions, from its rows' best per_row.
-        row_vals, row_tok = _row_topk(scores, per_row)  # (rows, per_row)
-        row_vals -= norm[:, None]
+        cands = _row_candidates(models, states, tokens, per_row)
+        row_vals, row_tok = cands.log_probs, cands.tokens  # (rows, per_row)
         at_limit = max_len == step  # (N,) only eos may follow
         if bool(at_limit.any()):
             rows = at_limit.repeat_interleave(k)
-            eos = scores[rows, EOS_ID] - norm[rows]
             row_vals[rows] = neg_inf
-            row_vals[rows, 0] = eos
+            row_vals[rows, 0] = cands.eos[rows]
             row_tok[rows, 0] = EOS_ID
         row_vals += logp.view(-1, 1)
         cand_logp, cand_pos = row_vals.view(n_active, k * per_row).topk(n_cand, dim=1)  # sorted, best first

@@ -134,7 +134,7 @@ def test_rows_reordered_in_place_twice_then_grown_continue_the_chosen_rows():
             model.decode_step(prev[first, t], state)
         state.reorder(second, torch.tensor([0, 2]))
         rows = first[second]
-        cont = [F.log_softmax(model.decode_step(prev[rows, t], state), dim=-1) for t in range(9, 20)]  # grows at 16
+        cont = [F.log_softmax(model.decode_step(prev[rows, t], state), dim=-1) for t in range(9, 20)]  # grows at 12 and 18
         history = torch.cat([prev[rows, :5], prev[first, 5:9][second], prev[rows, 9:]], dim=1)
         full = F.log_softmax(model(src[torch.tensor([0, 2])].repeat_interleave(2, 0), history), dim=-1)
     assert (torch.stack(cont, 1) - full[:, 9:]).abs().max().item() < 1e-5
@@ -248,13 +248,13 @@ def test_early_termination_saves_steps_without_changing_results(monkeypatch):
     model = _model(vocab, seed=14)
     src = _batch([3, 8, 5, 6, 4, 7, 2, 5], vocab, seed=15)
     calls = []
-    original = Transformer.decode_step
+    original = Transformer.decode_step_hidden
 
     def counting(self, tokens, state):
         calls.append(tokens.numel())
         return original(self, tokens, state)
 
-    monkeypatch.setattr(Transformer, "decode_step", counting)
+    monkeypatch.setattr(Transformer, "decode_step_hidden", counting)
     # Small alphas: the bound is weak when lp(max length) is large, as with the paper's 0.6.
     for cfg in (SearchConfig(beam=4, nbest=2, lenpen=0.2, max_len_b=20), SearchConfig(beam=3, lenpen=0.3, lenpen_style="avg", max_len_b=20),
                 SearchConfig(beam=4, nbest=2, lenpen=0.2, max_len_b=20, beam_style="shrink")):
@@ -360,3 +360,21 @@ def test_batched_search_equals_a_plain_reference_on_real_sentences(trained_tiny_
         want = _reference_search(model, src[i : i + 1, : len(seq) + 1], cfg)
         assert [h.tokens for h in batched[i]] == [h.tokens for h in want], lines[i]
         assert [h.score for h in batched[i]] == pytest.approx([h.score for h in want], abs=1e-4)
+
+
+@pytest.mark.parametrize("n_models", [1, 2])
+def test_projecting_a_few_rows_at_a_time_gives_the_same_search(monkeypatch, n_models):
+    """The vocabulary projection runs in blocks of rows on CPU so that a batch's (rows, V)
+    logits never exist at once; blocks of 3 rows must find what one block finds."""
+    import nmt.beam_search as search
+
+    vocab = 30
+    models = [_model(vocab, seed=20 + i) for i in range(n_models)]
+    src = _batch([6, 2, 9, 4, 7], vocab, seed=22)
+    cfg = SearchConfig(beam=4, nbest=3, max_len_b=12)
+    monkeypatch.setattr(search, "LOGIT_BLOCK_ELEMENTS", 10**9)
+    whole = beam_search(models, src, cfg)
+    monkeypatch.setattr(search, "LOGIT_BLOCK_ELEMENTS", 3 * vocab)
+    blocks = beam_search(models, src, cfg)
+    assert [[h.tokens for h in hyps] for hyps in blocks] == [[h.tokens for h in hyps] for hyps in whole]
+    assert [[h.score for h in hyps] for hyps in blocks] == [[h.score for h in hyps] for hyps in whole]
