@@ -5,7 +5,9 @@ oldest waiting request's arrival and the end of the previous call, or as soon as
 `max_sentences` are waiting: requests that arrive while the model is busy go into the next
 call together, and so do the clients of the call just answered that send their next request
 right away (without the wait after a call, closed-loop clients split into two groups that
-take turns, each with half-full calls). A call takes
+take turns, each with half-full calls). A call also starts as soon as as many sentences are
+waiting as the previous call held: once the clients just answered are all back, the rest of
+the window would only leave the model idle (4% of its time with 32 clients on 2 cores). A call takes
 sentences from the waiting requests in turns, one sentence each round, oldest request first,
 so a request of hundreds of sentences is spread over several calls and a one-sentence
 request that arrives meanwhile rides in the very next call. Requests with other beam search
@@ -78,6 +80,8 @@ class Batcher:
         self._cond = threading.Condition()
         self._closed = False
         self._idle_since = 0.0
+        self._expected = max_sentences
+        """Sentences that start a call before its window ends: the previous call's."""
         self.stats = BatchStats()
         self._thread = threading.Thread(target=self._run, name="nmt-batcher", daemon=True)
         self._thread.start()
@@ -127,10 +131,11 @@ class Batcher:
                 if not self._waiting:
                     return
                 deadline = max(self._waiting[0].arrived, self._idle_since) + self.window
-                while (not self._closed and self._waiting_like(self._waiting[0].key) < self.max_sentences
+                while (not self._closed and self._waiting_like(self._waiting[0].key) < self._expected
                        and (left := deadline - time.monotonic()) > 0):
                     self._cond.wait(left)
                 batch = self._take()
+                self._expected = len(batch)
             self._translate_batch(batch)
             self._idle_since = time.monotonic()
 

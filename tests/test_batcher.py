@@ -135,3 +135,31 @@ def test_a_failed_load_is_raised_to_the_caller_and_the_batcher_takes_nothing():
     with pytest.raises(RuntimeError, match="closed"):
         batcher.submit(["a"], {}, lambda found, error: None)
     batcher.close()
+
+
+def test_a_call_starts_once_the_clients_of_the_previous_one_are_back():
+    """Closed-loop clients: after the first call, the next starts when all of them have sent
+    their next request, not when the (here very long) window ends."""
+    model = FakeModel()
+    batcher = Batcher(model, window=2.0, max_sentences=64)
+    rounds, clients = 3, 4
+    finished = threading.Semaphore(0)
+
+    def client(c: int, left: int) -> None:
+        def done(found, error):
+            assert error is None and [t.hyp for t in found] == [f"C{c} R{rounds - left}"]
+            if left > 1:
+                client(c, left - 1)
+            else:
+                finished.release()
+        batcher.submit([f"c{c} r{rounds - left}"], {}, done)
+
+    start = time.monotonic()
+    for c in range(clients):
+        client(c, rounds)
+    for _ in range(clients):
+        assert finished.acquire(timeout=30)
+    elapsed = time.monotonic() - start
+    batcher.close()
+    assert [len(lines) for lines, _ in model.calls] == [clients] * rounds
+    assert elapsed < 2.0 + 1.5  # the first call waits its window; the waiting rule alone would take 6 s
