@@ -152,21 +152,11 @@ def _row_candidates(models: Sequence[Transformer], states: Sequence[DecoderState
     return RowCandidates(log_probs, best, eos)
 
 
-LSE_CHUNK_ELEMENTS = 1 << 21
-"""Elements of the (rows, V) scores exponentiated at a time (8 MiB in fp32): the whole
-exponentiated copy was as large as the logits, a CPU search's second-largest buffer."""
-
-
 def _log_sum_exp_rows(scores: Tensor) -> Tensor:
-    """log sum_k exp(scores[r, k]) per row, with the row maximum shifted out, a chunk of rows at a time."""
-    n_rows, vocab = scores.shape
+    """log sum_k exp(scores[r, k]) per row, with the row maximum shifted out. On CPU `scores`
+    is one block of rows (`LOGIT_BLOCK_ELEMENTS`), which also bounds the exponentiated copy."""
     peak = scores.amax(1)  # (R,)
-    out = torch.empty_like(peak)
-    step = max(1, LSE_CHUNK_ELEMENTS // max(vocab, 1))
-    for start in range(0, n_rows, step):
-        end = start + step
-        out[start:end] = (scores[start:end] - peak[start:end, None]).exp_().sum(1).log_()
-    return out.add_(peak)
+    return (scores - peak[:, None]).exp_().sum(1).log_().add_(peak)
 
 
 def _row_topk(scores: Tensor, w: int, block: int = 64) -> tuple[Tensor, Tensor]:

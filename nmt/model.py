@@ -224,8 +224,8 @@ class SelfAttentionCache:
     Appending writes one step in place; the capacity grows by half when full, so a step never
     copies the whole cache just to grow it (as concatenation would), and the last growth
     overshoots the steps still to come by less than doubling did (measured on Multi30k: the
-    peak RSS of `nmt translate` fell by 20 MiB). `reorder` moves the
-    surviving rows within the same buffers.
+    peak RSS of `nmt translate` fell by 20 MiB). `reorder` moves the surviving rows within
+    the same buffers.
     """
 
     def __init__(self) -> None:
