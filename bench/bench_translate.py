@@ -48,11 +48,16 @@ from common import DEFAULT_MULTI30K, REPO, matmul_flops, peak_rss_mib, write_res
 sys.path.insert(0, str(REPO))
 
 
+RANDOM_IDENTITY_NOTE = (" (random weights: every line ends at the length limit, where CTranslate2 ends with whatever"
+                        " token comes and nmt forces eos; identity is checked with a trained RUN_DIR)")
+
+
 def build_random_run(root: Path, multi30k: Path, arch: str, vocab_size: int) -> Path:
     """A run directory with a learned vocabulary and a random model, as preprocess + train leave it."""
     import torch
 
     from nmt.checkpoint import save_checkpoint
+    from nmt.identity import IDENTITY_KEY, run_identity
     from nmt.model import Transformer, build_config
     from nmt.rundir import RunDir
     from nmt.tokenizer import load_tokenizer, train_tokenizer
@@ -60,14 +65,16 @@ def build_random_run(root: Path, multi30k: Path, arch: str, vocab_size: int) -> 
     lines = [l.rstrip("\n") for name in ("train.en.gz", "train.de.gz") for l in gzip.open(multi30k / name, "rt", encoding="utf-8")]
     model_file = train_tokenizer("bpe", lines, vocab_size, root / "vocab" / "joint.model")
     vocab = load_tokenizer(model_file).vocab_size
-    RunDir(root).write_record("preprocess", {
+    rd = RunDir(root)
+    rd.write_record("preprocess", {
         "source_lang": "en", "target_lang": "de", "vocab_type": "bpe", "joined": True,
         "vocab": {"en": "vocab/joint.model", "de": "vocab/joint.model"},
         "vocab_sizes": {"en": vocab, "de": vocab}, "dtype": "uint16", "moses": False, "splits": {},
     })
     torch.manual_seed(0)
     model = Transformer(build_config(arch, vocab, vocab))
-    save_checkpoint(root / "checkpoints" / "checkpoint_last.pt", {"model": model.state_dict(), "config": model.cfg.to_dict()})
+    save_checkpoint(root / "checkpoints" / "checkpoint_last.pt",
+                    {"model": model.state_dict(), "config": model.cfg.to_dict(), IDENTITY_KEY: run_identity(rd)})
     return root
 
 
@@ -252,7 +259,7 @@ def bench_model(label: str, run: Path, weights: str, length: dict, lines: list[s
             result[f"ct2_{compute_type}"] = r
             say(f"CTranslate2 {compute_type}: {r['sentences_per_s']} sentences/s; nmt (fairseq/avg) "
                 f"{nmt_same['sentences_per_s']} sentences/s = {r['ratio_nmt_over_ct2']}x; "
-                f"{r['identical_lines']}/{len(lines)} lines identical")
+                f"{r['identical_lines']}/{len(lines)} lines identical{RANDOM_IDENTITY_NOTE if weights == 'random' else ''}")
     if not args.no_cli:
         c = time_cli(run, plain, len(lines), args, length)
         result["cli_beam4"] = c
