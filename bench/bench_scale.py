@@ -183,7 +183,8 @@ def big_checkpoint_write(path: Path, vocab: int) -> dict:
     import torch
 
     from nmt.checkpoint import save_checkpoint
-    from nmt.model import Transformer, build_config
+    from nmt.model import Transformer
+    from nmt.model_config import build_config
 
     cfg = build_config("big", vocab, vocab)
     model = Transformer(cfg)

@@ -58,13 +58,13 @@ def measure(run_dir: Path, arch: str, amp: str, updates: int, max_tokens: int, t
     from nmt.distributed import DistContext, resolve_device
     from nmt.model import non_embedding_parameters
     from nmt.train import Trainer
-    from nmt.train_config import TrainConfig
+    from nmt.train_config import ModelSettings, TrainConfig
 
     torch.set_num_threads(threads)
     work = Path(tempfile.mkdtemp(prefix="bench-train-"))
     for sub in ("config", "vocab", "data"):
         shutil.copytree(run_dir / sub, work / sub)
-    cfg = TrainConfig(arch=arch, amp=amp, max_tokens=max_tokens, threads=threads, device=device,
+    cfg = TrainConfig(model=ModelSettings(arch=arch), amp=amp, max_tokens=max_tokens, threads=threads, device=device,
                       no_progress_bar=True, save_interval_minutes=0, max_update=updates, log_interval=10**9)
     dev = resolve_device(device)
     trainer = Trainer(work, cfg, DistContext(0, 1, 0, dev))

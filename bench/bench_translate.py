@@ -58,7 +58,8 @@ def build_random_run(root: Path, multi30k: Path, arch: str, vocab_size: int) -> 
 
     from nmt.checkpoint import save_checkpoint
     from nmt.identity import IDENTITY_KEY, run_identity
-    from nmt.model import Transformer, build_config
+    from nmt.model import Transformer
+    from nmt.model_config import build_config
     from nmt.rundir import RunDir
     from nmt.tokenizer import load_tokenizer, train_tokenizer
 

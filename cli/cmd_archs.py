@@ -21,7 +21,8 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        from nmt.model import ARCHS, Transformer, build_config, count_parameters
+        from nmt.model import Transformer, count_parameters
+        from nmt.model_config import ARCHS, build_config
         import torch
 
         table = Table(title=f"Architectures (joint vocabulary {vocab_size}, shared embeddings)")

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import inspect
-import typing
-from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -13,7 +11,7 @@ from nmt_cli.common import RunDirOption
 from nmt_cli.dataclass_options import dataclass_parameters, with_parameters
 
 PANELS = {
-    "Model": {"arch", "d_model", "d_ff", "heads", "encoder_layers", "decoder_layers", "dropout", "attention_dropout",
+    "Model": {"arch", "d_model", "d_ff", "n_heads", "encoder_layers", "decoder_layers", "dropout", "attention_dropout",
               "relu_dropout", "max_positions", "share_all_embeddings", "share_decoder_input_output_embed", "pre_ln"},
     "Validation and checkpoints": {"validate_interval_updates", "eval_bleu", "save_interval_updates", "save_interval_minutes",
                                    "keep_last", "keep_last_epochs", "no_epoch_checkpoints", "patience",
@@ -63,6 +61,6 @@ def register(app: typer.Typer) -> None:
                  if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") in ("COMMANDLINE", "ENVIRONMENT")}
         from nmt.train import train
 
-        train(run_dir, TrainConfig(**kwargs), given)
+        train(run_dir, TrainConfig.from_flags(kwargs), given)
 
     app.command("train", help=HELP)(with_parameters(train_command, params))

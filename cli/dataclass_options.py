@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 import typing
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, is_dataclass
 from typing import Any, Callable, Optional
 
 import typer
@@ -22,12 +22,17 @@ def dataclass_parameters(cls: type, panel: Callable[[str], str] | None = None,
                          as_text: tuple[str, ...] = (), rename: dict[str, str] | None = None) -> list[inspect.Parameter]:
     """One keyword parameter per field: `--field-name`, its default and its help text.
 
-    Fields named in `as_text` are taken as strings (parsed by the caller, e.g. durations).
+    A field that is itself a dataclass (TrainConfig.model) gives its fields' parameters, flat:
+    the caller nests them again (`TrainConfig.from_flags`). Fields named in `as_text` are taken
+    as strings (parsed by the caller, e.g. durations).
     """
     hints = typing.get_type_hints(cls)
     params = []
     for f in fields(cls):
         tp = _base_type(hints[f.name])
+        if is_dataclass(tp):
+            params += dataclass_parameters(tp, panel, as_text, rename)
+            continue
         flag = "--" + (rename or {}).get(f.name, f.name).replace("_", "-")
         default = f.default if f.default is not MISSING else None
         kwargs: dict[str, Any] = {"help": f.metadata.get("help", ""), "show_default": default is not None}

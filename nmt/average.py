@@ -22,7 +22,7 @@ import torch
 from nmt.atomic import check_file_target, remove_leftover_temps
 from nmt.checkpoint import CHECKPOINT_VERSION, load_checkpoint, save_checkpoint
 from nmt.errors import NmtError
-from nmt.model import architecture
+from nmt.model_config import architecture
 from nmt.identity import IDENTITY_KEY, check_identity, checkpoint_identity, identity_difference, run_identity
 from nmt.rundir import RunDir
 from nmt.runlock import RunLock, command_line

@@ -20,7 +20,8 @@ from nmt import distributed as dist_util
 from nmt.batching import Batch
 from nmt.errors import NmtError
 from nmt.loss import label_smoothed_nll_loss
-from nmt.model import Transformer, TransformerConfig
+from nmt.model import Transformer
+from nmt.model_config import TransformerConfig
 from nmt.precision import Precision
 
 

@@ -1,6 +1,7 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), Section 3.
 
-Reads in the order data flows: configuration and named architectures, sinusoidal positions
+Reads in the order data flows (the configuration and named architectures are in
+`nmt.model_config`, which needs no torch): sinusoidal positions
 (3.5), scaled embeddings (3.4), multi-head attention (3.2.2), the position-wise feed-forward
 network (3.3), encoder and decoder layers with residual dropout and layer norm (3.1, 5.4),
 then the encoder-decoder model with incremental decoding for beam search.
@@ -13,120 +14,14 @@ default and fairseq's `--encoder-normalize-before`.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.errors import NmtError
+from nmt.model_config import TransformerConfig
 from nmt.tokenizer import PAD_ID
-
-
-@dataclass
-class TransformerConfig:
-    """Every hyperparameter of the model; the paper's base model by default (Table 3)."""
-
-    src_vocab_size: int = 0
-    tgt_vocab_size: int = 0
-    d_model: int = 512
-    """Width of every sublayer output and embedding (paper: 512 base, 1024 big)."""
-    d_ff: int = 2048
-    """Inner width of the feed-forward network (paper: 2048 base, 4096 big)."""
-    n_heads: int = 8
-    """Attention heads h; each has d_k = d_v = d_model / h (paper: 8 base, 16 big)."""
-    encoder_layers: int = 6
-    decoder_layers: int = 6
-    dropout: float = 0.1
-    """Residual dropout P_drop on sublayer outputs and on embeddings + positions (5.4)."""
-    attention_dropout: float = 0.0
-    """Dropout on attention weights (not in the paper; fairseq/t2t option)."""
-    relu_dropout: float = 0.0
-    """Dropout after the ReLU of the feed-forward network (not in the paper)."""
-    max_positions: int = 1024
-    """Longest sequence (subword tokens, eos included) the model accepts."""
-    share_all_embeddings: bool = True
-    """One matrix for source embeddings, target embeddings and pre-softmax projection (3.4)."""
-    share_decoder_input_output_embed: bool = True
-    """Tie target embeddings and pre-softmax projection (implied by share_all_embeddings)."""
-    pre_ln: bool = False
-    """LayerNorm before each sublayer instead of after the residual sum (paper: post-LN)."""
-
-    def validate(self) -> None:
-        if self.d_model % self.n_heads:
-            raise NmtError(f"d_model {self.d_model} must be divisible by the number of heads {self.n_heads}")
-        if self.share_all_embeddings and self.src_vocab_size != self.tgt_vocab_size:
-            raise NmtError(
-                "--share-all-embeddings needs one joint vocabulary, but source and target vocabularies "
-                f"differ ({self.src_vocab_size} vs {self.tgt_vocab_size}); re-run `nmt preprocess --joined` "
-                "or train with --no-share-all-embeddings"
-            )
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TransformerConfig":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-
-# Architectures by name: plain builders, not a registry (torchtune style).
-# Fields of TransformerConfig that change training, not the shape or meaning of the weights.
-NON_ARCHITECTURE_FIELDS = frozenset({"dropout", "attention_dropout", "relu_dropout"})
-
-
-def architecture(config: dict[str, Any]) -> dict[str, Any]:
-    """The fields of a configuration (as a dict) that decide what the weights mean: two
-    checkpoints with equal architectures can be averaged or resumed into one another."""
-    return {k: v for k, v in config.items() if k not in NON_ARCHITECTURE_FIELDS}
-
-
-def transformer_tiny() -> TransformerConfig:
-    """For tests: 2+2 layers, d_model 64."""
-    return TransformerConfig(d_model=64, d_ff=128, n_heads=4, encoder_layers=2, decoder_layers=2, dropout=0.1, max_positions=256)
-
-
-def transformer_mini() -> TransformerConfig:
-    """CPU recipe size: 4+4 layers, d_model 128, d_ff 512, 4 heads (the 2.6M-parameter
-    Multi30k model of Wu et al., ACL 2021); on two CPU cores it sees about twice the data
-    of `small` in the same time, which wins on a 30-minute budget."""
-    return TransformerConfig(d_model=128, d_ff=512, n_heads=4, encoder_layers=4, decoder_layers=4, dropout=0.1)
-
-
-def transformer_small() -> TransformerConfig:
-    """CPU-sized: 3+3 layers, d_model 256, d_ff 1024, 4 heads."""
-    return TransformerConfig(d_model=256, d_ff=1024, n_heads=4, encoder_layers=3, decoder_layers=3, dropout=0.1)
-
-
-def transformer_base() -> TransformerConfig:
-    """The paper's base model (Table 3): N=6, d_model 512, d_ff 2048, h 8, P_drop 0.1."""
-    return TransformerConfig()
-
-
-def transformer_big() -> TransformerConfig:
-    """The paper's big model (Table 3): N=6, d_model 1024, d_ff 4096, h 16, P_drop 0.3 (En-De)."""
-    return TransformerConfig(d_model=1024, d_ff=4096, n_heads=16, dropout=0.3)
-
-
-ARCHS = {
-    "tiny": transformer_tiny,
-    "mini": transformer_mini,
-    "small": transformer_small,
-    "base": transformer_base,
-    "big": transformer_big,
-}
-
-
-def build_config(arch: str, src_vocab_size: int, tgt_vocab_size: int, **overrides: Any) -> TransformerConfig:
-    """The named architecture with vocabulary sizes and any single-field overrides applied."""
-    if arch not in ARCHS:
-        raise NmtError(f"unknown --arch {arch!r}; known architectures: {', '.join(ARCHS)}")
-    cfg = replace(ARCHS[arch](), src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size)
-    cfg = replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
-    cfg.validate()
-    return cfg
 
 
 def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:

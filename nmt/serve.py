@@ -156,12 +156,14 @@ class TranslationService:
     def info(self) -> dict[str, Any]:
         from nmt.model import count_parameters
         from nmt.rundir import RunDir
+        from nmt.train_config import TrainConfig
 
         run = RunDir(self.model.run_dir)
         arch = None
         if run.has_record("train"):
             try:
-                arch = run.read_record("train").get("train_config", {}).get("arch")
+                recorded = run.read_record("train").get("train_config")
+                arch = TrainConfig.from_dict(recorded).model.arch if recorded else None
             except NmtError:
                 arch = None
         models = self.model.translator.models

@@ -42,7 +42,8 @@ from nmt.data import TokenArray
 from nmt.engine import SkippedStep, TrainEngine, forward_loss
 from nmt.errors import Interrupted, NmtError
 from nmt.identity import IDENTITY_KEY, check_identity, checkpoint_identity, run_identity
-from nmt.model import Transformer, TransformerConfig, architecture, build_config
+from nmt.model import Transformer
+from nmt.model_config import TransformerConfig, architecture, build_config
 from nmt.precision import Precision, cpu_bf16_units
 from nmt.rundir import RunDir
 from nmt.runlock import RunLock, command_line
@@ -128,15 +129,15 @@ def model_config_for(cfg: TrainConfig, prep: dict[str, Any]) -> TransformerConfi
     """The model the flags ask for, sized to the run's vocabulary."""
     src_v = int(prep["vocab_sizes"][prep["source_lang"]])
     tgt_v = int(prep["vocab_sizes"][prep["target_lang"]])
-    overrides = cfg.model_overrides()
-    if overrides["share_all_embeddings"] and not prep.get("joined", False):
+    overrides = cfg.model.overrides()
+    if overrides.get("share_all_embeddings") and not prep.get("joined", False):
         raise NmtError(
             "--share-all-embeddings needs one joint vocabulary, but this run directory has separate source and "
             "target vocabularies; re-run `nmt preprocess --joined` or drop --share-all-embeddings"
         )
-    if overrides["share_all_embeddings"] is None:
+    if overrides.get("share_all_embeddings") is None:
         overrides["share_all_embeddings"] = bool(prep.get("joined", False)) and src_v == tgt_v
-    return build_config(cfg.arch, src_v, tgt_v, **overrides)
+    return build_config(cfg.model.arch, src_v, tgt_v, **overrides)
 
 
 def validation_loss(model: Transformer, corpus: Corpus, max_tokens: int, device: torch.device,
@@ -550,7 +551,7 @@ class Trainer:
         per_update = self.cfg.max_tokens * self.cfg.update_freq * self.ctx.world_size
         d = self.train_data
         return (
-            f"model {self.cfg.arch}: {count_parameters(self.model) / 1e6:.1f}M parameters, "
+            f"model {self.cfg.model.arch}: {count_parameters(self.model) / 1e6:.1f}M parameters, "
             f"d_model {self.model_cfg.d_model}, {self.model_cfg.encoder_layers}+{self.model_cfg.decoder_layers} layers; "
             f"{self.ctx.world_size} process(es) on {self.device.type}, precision {self.precision.name}; "
             f"at most {per_update} tokens per side per update (max_tokens {self.cfg.max_tokens} x update_freq "

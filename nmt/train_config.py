@@ -1,38 +1,66 @@
 """Every `nmt train` setting in one dataclass: the paper's value, the default, and why.
 
-The CLI flags, `--help` and `config/train.json` all come from these fields.
+The CLI flags, `--help` and `config/train.json` all come from these fields. The model's
+settings are nested (`TrainConfig.model`): an architecture by name and any field of
+`TransformerConfig` overridden, under that field's own name (`--n-heads`, `"n_heads"` in
+config/train.json and in the checkpoint's model configuration alike).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import re
-from dataclasses import asdict, dataclass, field, fields
+import typing
+from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from typing import Any, Optional
 
 from nmt.errors import NmtError
+from nmt.model_config import ARCHS, VOCAB_FIELDS, TransformerConfig
 
 
 def _f(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
 
+def _model_settings_fields() -> list[tuple[str, Any, Any]]:
+    """`arch`, then every TransformerConfig field but the vocabulary sizes, each optional:
+    None keeps the architecture's value. Declared once, in TransformerConfig."""
+    hints = typing.get_type_hints(TransformerConfig)
+    specs: list[tuple[str, Any, Any]] = [("arch", str, _f("base", f"Architecture (`nmt archs`): {ARCH_SUMMARY}."))]
+    for f in fields(TransformerConfig):
+        if f.name not in VOCAB_FIELDS:
+            default = DEFAULT_NOTES.get(f.name, f"Default: the --arch's ({getattr(TransformerConfig(), f.name)} for base).")
+            specs.append((f.name, Optional[hints[f.name]], _f(None, f"{f.metadata['help']} {default}")))
+    return specs
+
+
+DEFAULT_NOTES = {"share_all_embeddings": "Default: on when the run has one joint vocabulary."}
+"""Model fields whose default comes from the run, not from the architecture."""
+
+
+ARCH_SUMMARY = "tiny (tests), mini (4+4, d 128), small (3+3, d 256), base (paper base), big (paper big)"
+assert set(ARCHS) == {"tiny", "mini", "small", "base", "big"}, "ARCH_SUMMARY names every architecture"
+
+
+def _overrides(self: Any) -> dict[str, Any]:
+    """The TransformerConfig fields set here (the rest keep the architecture's values)."""
+    return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "arch" and getattr(self, f.name) is not None}
+
+
+ModelSettings = make_dataclass(
+    "ModelSettings", _model_settings_fields(), namespace={"overrides": _overrides, "__module__": __name__,
+                                                          "__doc__": "The model flags of `nmt train`: --arch and TransformerConfig's fields."})
+MODEL_FIELDS = tuple(f.name for f in fields(ModelSettings))
+"""The flags of the model panel, in TrainConfig.model."""
+
+LEGACY_MODEL_NAMES = {"heads": "n_heads"}
+"""Records written before the model settings were nested used these names."""
+
+
 @dataclass
 class TrainConfig:
-    # -- model -------------------------------------------------------------------------
-    arch: str = _f("base", "Architecture (`nmt archs`): tiny (tests), mini (4+4, d 128), small (3+3, d 256), base (paper base), big (paper big).")
-    d_model: Optional[int] = _f(None, "Override d_model (paper: 512 base, 1024 big).")
-    d_ff: Optional[int] = _f(None, "Override the feed-forward width d_ff (paper: 2048 base, 4096 big).")
-    heads: Optional[int] = _f(None, "Override the number of attention heads h (paper: 8 base, 16 big).")
-    encoder_layers: Optional[int] = _f(None, "Override the encoder depth N (paper: 6).")
-    decoder_layers: Optional[int] = _f(None, "Override the decoder depth N (paper: 6).")
-    dropout: Optional[float] = _f(None, "Residual dropout P_drop (paper: 0.1 base, 0.3 big En-De).")
-    attention_dropout: Optional[float] = _f(None, "Dropout on attention weights (paper: none; default 0).")
-    relu_dropout: Optional[float] = _f(None, "Dropout after the FFN ReLU (paper: none; default 0).")
-    max_positions: Optional[int] = _f(None, "Longest sequence in subword tokens; longer training pairs are skipped and counted (default 1024).")
-    share_all_embeddings: Optional[bool] = _f(None, "Share source, target and output embeddings (paper 3.4; default: on with a joint vocabulary).")
-    share_decoder_input_output_embed: bool = _f(True, "Share target embeddings and the pre-softmax projection (used when not sharing all).")
-    pre_ln: bool = _f(False, "LayerNorm before each sublayer (t2t's later default); the paper is post-LN.")
+    model: ModelSettings = field(default_factory=ModelSettings,  # type: ignore[valid-type]
+                                 metadata={"help": "The model: --arch and any of its fields overridden."})
     # -- optimisation ------------------------------------------------------------------
     max_tokens: int = _f(4096, "Tokens per batch and side, padding included, per GPU/process (paper: ~25000 per side over 8 GPUs).")
     update_freq: int = _f(1, "Accumulate gradients over this many batches per update (to match the paper's batch on fewer GPUs).")
@@ -79,29 +107,46 @@ class TrainConfig:
     min_loss_scale: float = _f(1e-4, "fp16: stop with an error when the dynamic loss scale falls below this.")
     no_progress_bar: bool = _f(False, "Print plain log lines instead of a progress bar.")
 
-    def model_overrides(self) -> dict[str, Any]:
-        """Fields of TransformerConfig the user overrode."""
-        return {
-            "d_model": self.d_model, "d_ff": self.d_ff, "n_heads": self.heads,
-            "encoder_layers": self.encoder_layers, "decoder_layers": self.decoder_layers,
-            "dropout": self.dropout, "attention_dropout": self.attention_dropout,
-            "relu_dropout": self.relu_dropout, "max_positions": self.max_positions,
-            "share_all_embeddings": self.share_all_embeddings, "pre_ln": self.pre_ln or None,
-            "share_decoder_input_output_embed": self.share_decoder_input_output_embed,
-        }
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
+        """From a record (config/train.json, a checkpoint's train_config), old ones included:
+        their model settings were flat (`arch`, `heads`, ...); fields added since take their defaults."""
+        d = dict(d)
+        model = dict(d.pop("model", None) or {})
+        for name in list(d):
+            key = LEGACY_MODEL_NAMES.get(name, name)
+            if key in MODEL_FIELDS:
+                model.setdefault(key, d.pop(name))
+        known = {f.name for f in fields(cls)}
+        return cls(model=ModelSettings(**{k: v for k, v in model.items() if k in MODEL_FIELDS}),
+                   **{k: v for k, v in d.items() if k in known and k != "model"})
+
+    @classmethod
+    def from_flags(cls, values: dict[str, Any]) -> "TrainConfig":
+        """From one flat value per flag (the CLI's): the model's flags go into `model`."""
+        return cls.from_dict(values)
+
+    def flat(self) -> dict[str, Any]:
+        """One value per flag name: the model's fields beside the others (what the CLI and the
+        resume rule compare)."""
+        d = self.to_dict()
+        return {**d.pop("model"), **d}
 
     def validate(self) -> None:
         """Refuse settings outside their meaning (the paper's ranges), before any work."""
+        model = self.model
         ranges = [
-            ("dropout", self.dropout, 0.0, 1.0), ("attention_dropout", self.attention_dropout, 0.0, 1.0),
-            ("relu_dropout", self.relu_dropout, 0.0, 1.0), ("label_smoothing", self.label_smoothing, 0.0, 1.0),
+            ("dropout", model.dropout, 0.0, 1.0), ("attention_dropout", model.attention_dropout, 0.0, 1.0),
+            ("relu_dropout", model.relu_dropout, 0.0, 1.0), ("label_smoothing", self.label_smoothing, 0.0, 1.0),
             ("adam_beta1", self.adam_beta1, 0.0, 1.0), ("adam_beta2", self.adam_beta2, 0.0, 1.0),
         ]
         for name, value, low, high in ranges:
             if value is not None and not (low <= value < high):
                 raise NmtError(f"--{name.replace('_', '-')} {value} is outside [{low:g}, {high:g})")
-        for name in ("d_model", "d_ff", "heads", "encoder_layers", "decoder_layers", "max_positions"):
-            value = getattr(self, name)
+        if model.arch not in ARCHS:
+            raise NmtError(f"unknown --arch {model.arch!r}; known architectures: {', '.join(ARCHS)}")
+        for name in ("d_model", "d_ff", "n_heads", "encoder_layers", "decoder_layers", "max_positions"):
+            value = getattr(model, name)
             if value is not None and value <= 0:
                 raise NmtError(f"--{name.replace('_', '-')} {value} must be positive")
         for name in ("warmup", "max_update", "max_epoch", "max_time", "validate_interval_updates",
@@ -149,21 +194,6 @@ class TrainConfig:
         if self.best_checkpoint_metric == "auto":
             return "bleu" if self.eval_bleu else "loss"
         return self.best_checkpoint_metric
-
-
-def field_help(name: str) -> str:
-    """The help text of a TrainConfig field (for the CLI)."""
-    for f in fields(TrainConfig):
-        if f.name == name:
-            return f.metadata["help"]
-    raise KeyError(name)
-
-
-def field_default(name: str) -> Any:
-    for f in fields(TrainConfig):
-        if f.name == name:
-            return f.default
-    raise KeyError(name)
 
 
 def parse_duration(text: str) -> float:

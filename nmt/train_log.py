@@ -126,8 +126,8 @@ class TrainLogger:
             self.tb = open_tensorboard(self.tensorboard_dir, purge_step=s.update + 1 if s.update else None)
         if self.enabled and self.use_bar:
             self.bar = RunProgress(limits_of(trainer.cfg), s.update, s.train_time, trainer.device)
-        if trainer.device.type == "cpu" and trainer.cfg.arch in SLOW_ON_CPU:
-            self.cpu_hint_arch, self._hint_max_update = trainer.cfg.arch, trainer.cfg.max_update
+        if trainer.device.type == "cpu" and trainer.cfg.model.arch in SLOW_ON_CPU:
+            self.cpu_hint_arch, self._hint_max_update = trainer.cfg.model.arch, trainer.cfg.max_update
         self.info(description)
 
     def epoch_start(self, epoch: int, n_updates: int, done: int, update: int = 0) -> None:

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -24,8 +24,9 @@ from nmt.checkpoints_dir import newest_intact_checkpoint
 from nmt.errors import NmtError
 from nmt.train_config import TrainConfig
 
-ARCHITECTURE_FIELDS = ("arch", "d_model", "d_ff", "heads", "encoder_layers", "decoder_layers", "max_positions",
+ARCHITECTURE_FIELDS = ("arch", "d_model", "d_ff", "n_heads", "encoder_layers", "decoder_layers", "max_positions",
                        "share_all_embeddings", "share_decoder_input_output_embed", "pre_ln")
+"""Model flags that would make another model: a resume refuses them."""
 FIRST_LAUNCH_ONLY = ("restore_file", "finetune_from", "reset_optimizer", "reset_lr_scheduler", "reset_dataloader")
 BATCHING_FIELDS = ("max_tokens", "update_freq", "seed", "required_seq_len_multiple", "required_batch_size_multiple")
 """Settings that decide an epoch's batches; with the world size they are saved in each checkpoint."""
@@ -53,26 +54,27 @@ def _flag(name: str) -> str:
 
 
 def _config_from(d: dict[str, Any]) -> TrainConfig:
-    """A TrainConfig from a record; fields added since it was written take their defaults."""
-    known = {f.name for f in fields(TrainConfig)}
-    return TrainConfig(**{k: v for k, v in d.items() if k in known})
+    """A TrainConfig from a record, old flat ones included (`TrainConfig.from_dict`)."""
+    return TrainConfig.from_dict(d)
 
 
 def _describe_model(cfg: TrainConfig, model: Optional[dict[str, Any]]) -> str:
     if model:
-        return (f"--arch {cfg.arch} (d_model {model.get('d_model')}, {model.get('encoder_layers')}+"
+        return (f"--arch {cfg.model.arch} (d_model {model.get('d_model')}, {model.get('encoder_layers')}+"
                 f"{model.get('decoder_layers')} layers, d_ff {model.get('d_ff')}, {model.get('n_heads')} heads)")
-    return f"--arch {cfg.arch}"
+    return f"--arch {cfg.model.arch}"
 
 
 def merge_settings(recorded: TrainConfig, asked: TrainConfig, given: set[str], resuming: bool,
                    recorded_model: Optional[dict[str, Any]] = None) -> tuple[TrainConfig, list[str], dict[str, list[Any]]]:
-    """The recorded settings with the explicitly `given` flags of `asked` applied where safe."""
-    values = dict(recorded.to_dict())
+    """The recorded settings with the explicitly `given` flags of `asked` applied where safe
+    (flags by their names: the model's fields beside the others, `TrainConfig.flat`)."""
+    values = recorded.flat()
+    asked_values = asked.flat()
     notes: list[str] = []
     changes: dict[str, list[Any]] = {}
     for name in sorted(given):
-        new, old = getattr(asked, name), values.get(name)
+        new, old = asked_values[name], values.get(name)
         if name in FIRST_LAUNCH_ONLY:
             if resuming and new not in (None, False):
                 notes.append(f"{_flag(name)} ignored: it applies to the first launch only, and this run resumes "
@@ -90,7 +92,7 @@ def merge_settings(recorded: TrainConfig, asked: TrainConfig, given: set[str], r
         changes[name] = [old, new]
         if resuming:
             notes.append(f"changed {_flag(name)}: {old} -> {new} (was recorded in this run)")
-    return TrainConfig(**values), notes, changes
+    return TrainConfig.from_flags(values), notes, changes
 
 
 def resolve_launch(checkpoint_dir: Path, recorded: Optional[dict[str, Any]], asked: TrainConfig, given: set[str],
@@ -144,9 +146,9 @@ def resolve_launch(checkpoint_dir: Path, recorded: Optional[dict[str, Any]], ask
 
 
 def given_from_defaults(cfg: TrainConfig) -> set[str]:
-    """For Python callers that pass a TrainConfig: every field that differs from its default."""
-    default = TrainConfig()
-    return {f.name for f in fields(TrainConfig) if getattr(cfg, f.name) != getattr(default, f.name)}
+    """For Python callers that pass a TrainConfig: every flag whose value differs from its default."""
+    default = TrainConfig().flat()
+    return {name for name, value in cfg.flat().items() if value != default[name]}
 
 
 def launch_record(launch: Launch, update: int, argv: Optional[list[str]] = None) -> dict[str, Any]:

@@ -23,7 +23,8 @@ from nmt.beam_search import Hypothesis, beam_search
 from nmt.checkpoint import load_checkpoint
 from nmt.errors import NmtError
 from nmt.identity import check_identity, checkpoint_identity, run_identity
-from nmt.model import Transformer, TransformerConfig
+from nmt.model import Transformer
+from nmt.model_config import TransformerConfig
 from nmt.rundir import RunDir
 from nmt.sampling_config import SamplingConfig
 from nmt.tokenizer import EOS_ID, PAD_ID, Tokenizer, load_tokenizer

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from nmt.beam_search import Hypothesis, LengthPenalty, SearchConfig, beam_search, max_output_lengths
 from nmt.errors import NmtError
-from nmt.model import Transformer, build_config
+from nmt.model import Transformer
+from nmt.model_config import build_config
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 

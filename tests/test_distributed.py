@@ -90,7 +90,7 @@ def test_killed_worker_stops_the_job_naming_its_rank_and_rerun_resumes(prepared,
 
 def test_fp16_overflow_skips_the_update_and_halves_the_scale(prepared, tmp_path, monkeypatch):  # noqa: F811
     import nmt.train as train_module
-    from nmt.train_config import TrainConfig
+    from nmt.train_config import ModelSettings, TrainConfig
 
     import nmt.engine as engine_module
     real = engine_module.label_smoothed_nll_loss
@@ -103,7 +103,7 @@ def test_fp16_overflow_skips_the_update_and_halves_the_scale(prepared, tmp_path,
 
     monkeypatch.setattr(engine_module, "label_smoothed_nll_loss", huge_first)
     run = fresh_copy(prepared, tmp_path / "run")
-    cfg = TrainConfig(arch="tiny", max_tokens=256, threads=1, no_progress_bar=True, max_update=3, amp="fp16",
+    cfg = TrainConfig(model=ModelSettings(arch="tiny"), max_tokens=256, threads=1, no_progress_bar=True, max_update=3, amp="fp16",
                       save_interval_minutes=0, log_interval=1, device="cpu")
     result = train_module.train(run, cfg)
     assert result.update == 3
@@ -116,14 +116,14 @@ def test_fp16_overflow_skips_the_update_and_halves_the_scale(prepared, tmp_path,
 def test_fp16_scale_collapse_stops_with_a_clear_message(prepared, tmp_path, monkeypatch):  # noqa: F811
     import nmt.train as train_module
     from nmt.errors import NmtError
-    from nmt.train_config import TrainConfig
+    from nmt.train_config import ModelSettings, TrainConfig
 
     import nmt.engine as engine_module
     real = engine_module.label_smoothed_nll_loss
     monkeypatch.setattr(engine_module, "label_smoothed_nll_loss",
                         lambda logits, target, eps: (real(logits, target, eps)[0] * float("inf"), real(logits, target, eps)[1]))
     run = fresh_copy(prepared, tmp_path / "run")
-    cfg = TrainConfig(arch="tiny", max_tokens=256, threads=1, no_progress_bar=True, max_update=100, amp="fp16",
+    cfg = TrainConfig(model=ModelSettings(arch="tiny"), max_tokens=256, threads=1, no_progress_bar=True, max_update=100, amp="fp16",
                       save_interval_minutes=0, device="cpu", max_skips=1000, min_loss_scale=1.0)
     with pytest.raises(NmtError, match="loss scale fell below"):
         train_module.train(run, cfg)
@@ -132,7 +132,7 @@ def test_fp16_scale_collapse_stops_with_a_clear_message(prepared, tmp_path, monk
 def test_out_of_memory_stops_the_job_with_advice_instead_of_hanging(prepared, tmp_path, monkeypatch):  # noqa: F811
     import nmt.train as train_module
     from nmt.errors import NmtError
-    from nmt.train_config import TrainConfig
+    from nmt.train_config import ModelSettings, TrainConfig
 
     def oom(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -140,7 +140,7 @@ def test_out_of_memory_stops_the_job_with_advice_instead_of_hanging(prepared, tm
     import nmt.engine as engine_module
     monkeypatch.setattr(engine_module, "forward_loss", oom)
     run = fresh_copy(prepared, tmp_path / "run")
-    cfg = TrainConfig(arch="tiny", max_tokens=256, threads=1, no_progress_bar=True, max_update=3,
+    cfg = TrainConfig(model=ModelSettings(arch="tiny"), max_tokens=256, threads=1, no_progress_bar=True, max_update=3,
                       save_interval_minutes=0, device="cpu")
     with pytest.raises(NmtError, match="out of memory on rank 0.*lower --max-tokens"):
         train_module.train(run, cfg)

@@ -11,7 +11,7 @@ import torch
 from nmt.batching import Batch
 from nmt.distributed import DistContext
 from nmt.engine import SkippedStep, StepStats, TrainEngine, forward_loss
-from nmt.model import build_config
+from nmt.model_config import build_config
 
 
 def make_batch(seed: int, n: int = 3, src_len: int = 5, tgt_len: int = 4, vocab: int = 40) -> Batch:

@@ -27,7 +27,8 @@ import torch
 from conftest import REPO, assert_one_line_error, run_nmt
 from nmt.checkpoint import save_checkpoint
 from nmt.identity import run_identity
-from nmt.model import Transformer, build_config
+from nmt.model import Transformer
+from nmt.model_config import build_config
 from nmt.rundir import RunDir
 from nmt.tokenizer import UNK_ID, UNK_SURFACE, load_tokenizer, train_tokenizer
 from test_identity import VOCAB, make_run, save_model

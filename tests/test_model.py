@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from conftest import run_nmt
 from nmt.loss import label_smoothed_nll_loss
-from nmt.model import Transformer, build_config
+from nmt.model import Transformer
+from nmt.model_config import build_config
 from nmt.schedule import learning_rate, paper_lr, peak_lr
 from nmt.tokenizer import BOS_ID, EOS_ID
 

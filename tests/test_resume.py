@@ -201,7 +201,7 @@ def test_warmup_zero_means_no_warmup(prepared, tmp_path):  # noqa: F811
 
 def test_fine_tuning_from_another_model_is_one_line(prepared, tmp_path):  # noqa: F811
     other = fresh_copy(prepared, tmp_path / "other")
-    assert run_nmt("train", "-r", other, *TINY, "--max-update", "2", "--d-model", "32", "--heads", "2").returncode == 0
+    assert run_nmt("train", "-r", other, *TINY, "--max-update", "2", "--d-model", "32", "--n-heads", "2").returncode == 0
     run = fresh_copy(prepared, tmp_path / "run")
     proc = run_nmt("train", "-r", run, *TINY, "--max-update", "2", "--finetune-from", str(other / "checkpoints/checkpoint_last.pt"))
     assert_one_line_error(proc, "do not fit")

@@ -13,7 +13,8 @@ import torch
 
 from conftest import assert_one_line_error, run_nmt
 from nmt.beam_search import beam_search
-from nmt.model import Transformer, build_config
+from nmt.model import Transformer
+from nmt.model_config import build_config
 from nmt.sampling import restrict, sample
 from nmt.sampling_config import SamplingConfig
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID

@@ -145,7 +145,7 @@ def test_bf16_autocast_trains_on_cpu(prepared, tmp_path):
 def test_non_finite_losses_skip_updates_then_stop_clearly(prepared, tmp_path, monkeypatch):
     import nmt.train as train_module
     from nmt.errors import NmtError
-    from nmt.train_config import TrainConfig
+    from nmt.train_config import ModelSettings, TrainConfig
 
     import nmt.engine as engine_module
     real = engine_module.label_smoothed_nll_loss
@@ -156,7 +156,7 @@ def test_non_finite_losses_skip_updates_then_stop_clearly(prepared, tmp_path, mo
 
     monkeypatch.setattr(engine_module, "label_smoothed_nll_loss", poisoned)
     run = fresh_copy(prepared, tmp_path / "run")
-    cfg = TrainConfig(arch="tiny", max_tokens=256, threads=1, no_progress_bar=True, max_update=50, max_skips=3,
+    cfg = TrainConfig(model=ModelSettings(arch="tiny"), max_tokens=256, threads=1, no_progress_bar=True, max_update=50, max_skips=3,
                       save_interval_minutes=0)
     with pytest.raises(NmtError, match="3 updates in a row"):
         train_module.train(run, cfg)

@@ -14,7 +14,8 @@ from conftest import assert_one_line_error, run_nmt
 from nmt.beam_search import SearchConfig
 from nmt.checkpoint import save_checkpoint
 from nmt.identity import run_identity
-from nmt.model import Transformer, build_config
+from nmt.model import Transformer
+from nmt.model_config import build_config
 from nmt.rundir import RunDir
 from nmt.tokenizer import train_tokenizer
 from nmt.translate import TranslateConfig, Translator, default_checkpoint, load_translator

@@ -1,0 +1,61 @@
+"""The model's settings are one dataclass (TransformerConfig), nested in the training settings,
+with one name per field in flags, records and checkpoints; records written before still load."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+
+import pytest
+import torch
+
+from nmt.errors import NmtError
+from nmt.model_config import VOCAB_FIELDS, TransformerConfig
+from nmt.train_config import ModelSettings, TrainConfig
+from nmt.train_resume import merge_settings
+from nmt_cli.dataclass_options import dataclass_parameters
+
+MODEL_NAMES = [f.name for f in fields(TransformerConfig) if f.name not in VOCAB_FIELDS]
+
+OLD_FLAT_RECORD = {  # config/train.json's train_config as runs wrote it before the nesting
+    "arch": "tiny", "d_model": None, "d_ff": None, "heads": 2, "encoder_layers": None, "decoder_layers": None,
+    "dropout": 0.2, "attention_dropout": None, "relu_dropout": None, "max_positions": None,
+    "share_all_embeddings": None, "share_decoder_input_output_embed": True, "pre_ln": False,
+    "max_tokens": 192, "lr": 0.002, "warmup": 7,
+}
+
+
+def test_every_model_field_is_a_train_flag_under_its_own_name():
+    flags = {p.name for p in dataclass_parameters(TrainConfig)}
+    assert set(MODEL_NAMES) | {"arch"} <= flags
+    assert "heads" not in flags and "model" not in flags
+
+
+def test_flags_nest_into_the_model_settings_and_override_only_what_was_set():
+    cfg = TrainConfig.from_flags({**TrainConfig().flat(), "arch": "small", "n_heads": 2, "max_tokens": 512})
+    assert cfg.model.arch == "small" and cfg.max_tokens == 512
+    assert cfg.model.overrides() == {"n_heads": 2}
+
+
+def test_old_flat_records_load_into_the_nested_model_settings():
+    cfg = TrainConfig.from_dict(OLD_FLAT_RECORD)
+    assert cfg.model.arch == "tiny" and cfg.model.n_heads == 2 and cfg.model.dropout == 0.2
+    assert cfg.max_tokens == 192 and cfg.warmup == 7
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_a_resume_of_an_old_run_refuses_another_model_by_the_new_flag_name():
+    recorded = TrainConfig.from_dict(OLD_FLAT_RECORD)
+    asked = TrainConfig(model=ModelSettings(arch="tiny", n_heads=4))
+    with pytest.raises(NmtError, match="--n-heads 4 asks for a different model"):
+        merge_settings(recorded, asked, {"n_heads"}, resuming=True)
+    changed, notes, changes = merge_settings(recorded, TrainConfig(model=ModelSettings(dropout=0.3)), {"dropout"}, resuming=True)
+    assert changed.model.dropout == 0.3 and changed.model.n_heads == 2 and changes == {"dropout": [0.2, 0.3]}
+
+
+def test_the_run_records_and_the_checkpoint_name_the_model_fields_alike(trained_tiny_run):
+    record = json.loads((trained_tiny_run / "config/train.json").read_text())["train_config"]
+    assert set(record["model"]) == set(MODEL_NAMES) | {"arch"} and record["model"]["arch"] == "tiny"
+    checkpoint = torch.load(trained_tiny_run / "checkpoints/checkpoint_last.pt", weights_only=True)
+    assert set(checkpoint["train_config"]["model"]) == set(record["model"])
+    assert set(MODEL_NAMES) <= set(checkpoint["config"])
