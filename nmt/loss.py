@@ -16,7 +16,9 @@ gather/sum and of log_softmax), on top of the logits and their gradient: at 4096
 32k vocabulary that is 0.5 GB each. Here only the logits (in their own dtype, bf16 under
 autocast) are kept: the forward takes log_softmax a chunk of rows at a time and keeps only
 the sums, the backward recomputes the softmax a chunk at a time and writes the gradient once,
-in the logits' dtype. The fp32 working set is one chunk.
+in the logits' dtype, over the logits themselves (the projection's backward needs its input
+and weight, not its output), so the logits and their gradient never exist side by side. The
+fp32 working set is one chunk. A second backward through the same graph is not possible.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         logits, target = ctx.saved_tensors
         eps = ctx.epsilon
         n, vocab = logits.shape
-        grad = torch.empty_like(logits)
+        grad = logits  # written chunk by chunk over the logits, which nothing reads after this backward
         g = grad_loss.float()
         step = _rows_per_chunk(vocab)
         for start in range(0, n, step):

@@ -138,3 +138,19 @@ def test_amp_auto_is_bf16_only_where_the_hardware_multiplies_bf16(monkeypatch):
     monkeypatch.setattr(precision, "cpu_bf16_units", lambda: (True, "amx_bf16"))
     assert precision.resolve_amp("auto", cpu) == "bf16"
     assert precision.resolve_amp("none", cpu) == "none"
+
+
+def test_cpu_dropout_keeps_one_minus_p_scales_the_kept_and_routes_the_gradient_through_the_same_mask():
+    from nmt.model import dropout
+
+    x = torch.randn(1000, 1000, requires_grad=True)
+    torch.manual_seed(3)
+    y = dropout(x, 0.3, training=True)
+    kept = y != 0
+    assert abs(kept.float().mean().item() - 0.7) < 0.002  # 1M draws: standard deviation 0.0005
+    assert torch.allclose(y[kept], x[kept] / 0.7)
+    y.backward(torch.ones_like(y))
+    assert torch.equal(x.grad, kept.float() / 0.7)
+    torch.manual_seed(3)
+    assert torch.equal(dropout(x, 0.3, training=True), y)  # the seed decides the mask
+    assert dropout(x, 0.3, training=False) is x and dropout(x, 0.0, training=True) is x
