@@ -61,6 +61,6 @@ def register(app: typer.Typer) -> None:
                  if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") in ("COMMANDLINE", "ENVIRONMENT")}
         from nmt.train import train
 
-        train(run_dir, TrainConfig.from_flags(kwargs), given)
+        train(run_dir, TrainConfig.from_dict(kwargs), given)
 
     app.command("train", help=HELP)(with_parameters(train_command, params))

@@ -23,7 +23,7 @@ def dataclass_parameters(cls: type, panel: Callable[[str], str] | None = None,
     """One keyword parameter per field: `--field-name`, its default and its help text.
 
     A field that is itself a dataclass (TrainConfig.model) gives its fields' parameters, flat:
-    the caller nests them again (`TrainConfig.from_flags`). Fields named in `as_text` are taken
+    the caller nests them again (`TrainConfig.from_dict`). Fields named in `as_text` are taken
     as strings (parsed by the caller, e.g. durations).
     """
     hints = typing.get_type_hints(cls)

@@ -105,10 +105,15 @@ ARCHS = {
 }
 
 
-def build_config(arch: str, src_vocab_size: int, tgt_vocab_size: int, **overrides: Any) -> TransformerConfig:
-    """The named architecture with vocabulary sizes and any single-field overrides applied."""
+def check_arch(arch: str) -> None:
+    """A one-line error for an architecture name that is not in ARCHS."""
     if arch not in ARCHS:
         raise NmtError(f"unknown --arch {arch!r}; known architectures: {', '.join(ARCHS)}")
+
+
+def build_config(arch: str, src_vocab_size: int, tgt_vocab_size: int, **overrides: Any) -> TransformerConfig:
+    """The named architecture with vocabulary sizes and any single-field overrides applied."""
+    check_arch(arch)
     cfg = replace(ARCHS[arch](), src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size)
     cfg = replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
     cfg.validate()

@@ -15,31 +15,27 @@ from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from typing import Any, Optional
 
 from nmt.errors import NmtError
-from nmt.model_config import ARCHS, VOCAB_FIELDS, TransformerConfig
+from nmt.model_config import VOCAB_FIELDS, TransformerConfig, check_arch
 
 
 def _f(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
 
-def _model_settings_fields() -> list[tuple[str, Any, Any]]:
-    """`arch`, then every TransformerConfig field but the vocabulary sizes, each optional:
-    None keeps the architecture's value. Declared once, in TransformerConfig."""
-    hints = typing.get_type_hints(TransformerConfig)
-    specs: list[tuple[str, Any, Any]] = [("arch", str, _f("base", f"Architecture (`nmt archs`): {ARCH_SUMMARY}."))]
-    for f in fields(TransformerConfig):
-        if f.name not in VOCAB_FIELDS:
-            default = DEFAULT_NOTES.get(f.name, f"Default: the --arch's ({getattr(TransformerConfig(), f.name)} for base).")
-            specs.append((f.name, Optional[hints[f.name]], _f(None, f"{f.metadata['help']} {default}")))
-    return specs
-
-
 DEFAULT_NOTES = {"share_all_embeddings": "Default: on when the run has one joint vocabulary."}
 """Model fields whose default comes from the run, not from the architecture."""
 
 
-ARCH_SUMMARY = "tiny (tests), mini (4+4, d 128), small (3+3, d 256), base (paper base), big (paper big)"
-assert set(ARCHS) == {"tiny", "mini", "small", "base", "big"}, "ARCH_SUMMARY names every architecture"
+def _model_settings_fields() -> list[tuple[str, Any, Any]]:
+    """`arch`, then every TransformerConfig field but the vocabulary sizes, each optional:
+    None keeps the architecture's value. Declared once, in TransformerConfig."""
+    hints = typing.get_type_hints(TransformerConfig)
+    specs: list[tuple[str, Any, Any]] = [("arch", str, _f("base", "Architecture (`nmt archs`): tiny (tests), mini (4+4, d 128), small (3+3, d 256), base (paper base), big (paper big)."))]
+    for f in fields(TransformerConfig):
+        if f.name not in VOCAB_FIELDS:
+            default = DEFAULT_NOTES.get(f.name, f"Default: the --arch's ({f.default} for base).")
+            specs.append((f.name, Optional[hints[f.name]], _f(None, f"{f.metadata['help']} {default}")))
+    return specs
 
 
 def _overrides(self: Any) -> dict[str, Any]:
@@ -109,8 +105,9 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
-        """From a record (config/train.json, a checkpoint's train_config), old ones included:
-        their model settings were flat (`arch`, `heads`, ...); fields added since take their defaults."""
+        """From a record (config/train.json, a checkpoint's train_config) or from one flat value
+        per flag (the CLI's, `flat()`): model fields at the top level go into `model`, under
+        their old names too (`heads`); fields added since a record was written take their defaults."""
         d = dict(d)
         model = dict(d.pop("model", None) or {})
         for name in list(d):
@@ -120,11 +117,6 @@ class TrainConfig:
         known = {f.name for f in fields(cls)}
         return cls(model=ModelSettings(**{k: v for k, v in model.items() if k in MODEL_FIELDS}),
                    **{k: v for k, v in d.items() if k in known and k != "model"})
-
-    @classmethod
-    def from_flags(cls, values: dict[str, Any]) -> "TrainConfig":
-        """From one flat value per flag (the CLI's): the model's flags go into `model`."""
-        return cls.from_dict(values)
 
     def flat(self) -> dict[str, Any]:
         """One value per flag name: the model's fields beside the others (what the CLI and the
@@ -143,8 +135,7 @@ class TrainConfig:
         for name, value, low, high in ranges:
             if value is not None and not (low <= value < high):
                 raise NmtError(f"--{name.replace('_', '-')} {value} is outside [{low:g}, {high:g})")
-        if model.arch not in ARCHS:
-            raise NmtError(f"unknown --arch {model.arch!r}; known architectures: {', '.join(ARCHS)}")
+        check_arch(model.arch)
         for name in ("d_model", "d_ff", "n_heads", "encoder_layers", "decoder_layers", "max_positions"):
             value = getattr(model, name)
             if value is not None and value <= 0:

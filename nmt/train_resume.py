@@ -53,11 +53,6 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _config_from(d: dict[str, Any]) -> TrainConfig:
-    """A TrainConfig from a record, old flat ones included (`TrainConfig.from_dict`)."""
-    return TrainConfig.from_dict(d)
-
-
 def _describe_model(cfg: TrainConfig, model: Optional[dict[str, Any]]) -> str:
     if model:
         return (f"--arch {cfg.model.arch} (d_model {model.get('d_model')}, {model.get('encoder_layers')}+"
@@ -92,7 +87,7 @@ def merge_settings(recorded: TrainConfig, asked: TrainConfig, given: set[str], r
         changes[name] = [old, new]
         if resuming:
             notes.append(f"changed {_flag(name)}: {old} -> {new} (was recorded in this run)")
-    return TrainConfig.from_flags(values), notes, changes
+    return TrainConfig.from_dict(values), notes, changes
 
 
 def resolve_launch(checkpoint_dir: Path, recorded: Optional[dict[str, Any]], asked: TrainConfig, given: set[str],
@@ -110,7 +105,7 @@ def resolve_launch(checkpoint_dir: Path, recorded: Optional[dict[str, Any]], ask
         except NmtError as e:
             if asked.restore_file and "restore_file" in given:  # the user's answer to the hint below
                 path = Path(asked.restore_file)
-                cfg, notes, changes = merge_settings(_config_from((recorded or {}).get("train_config") or {}), asked,
+                cfg, notes, changes = merge_settings(TrainConfig.from_dict((recorded or {}).get("train_config") or {}), asked,
                                                      given, resuming=False)
                 return Launch(cfg, load(path), path, "restore",
                               [f"{last} is damaged: restoring from {path} as asked; the next save replaces it"], changes)
@@ -119,14 +114,14 @@ def resolve_launch(checkpoint_dir: Path, recorded: Optional[dict[str, Any]], ask
                     else "no other checkpoint loads; move it away to start afresh")
             raise NmtError(f"{e}; it was not replaced: {hint}") from None
         base = ckpt.get("train_config") or (recorded or {}).get("train_config") or {}
-        cfg, notes, changes = merge_settings(_config_from(base), asked, given, resuming=True,
+        cfg, notes, changes = merge_settings(TrainConfig.from_dict(base), asked, given, resuming=True,
                                              recorded_model=ckpt.get("config"))
         return Launch(cfg, ckpt, last, "resume", notes, changes)
 
     # First launch (no checkpoint_last.pt): flags apply freely.
     base_record = (recorded or {}).get("train_config")
     if base_record:  # a first launch that died before its first save: the record is the base
-        cfg, _, changes = merge_settings(_config_from(base_record), asked, given, resuming=False)
+        cfg, _, changes = merge_settings(TrainConfig.from_dict(base_record), asked, given, resuming=False)
     else:
         cfg, changes = asked, {}
     if cfg.finetune_from:

@@ -32,7 +32,7 @@ def test_every_model_field_is_a_train_flag_under_its_own_name():
 
 
 def test_flags_nest_into_the_model_settings_and_override_only_what_was_set():
-    cfg = TrainConfig.from_flags({**TrainConfig().flat(), "arch": "small", "n_heads": 2, "max_tokens": 512})
+    cfg = TrainConfig.from_dict({**TrainConfig().flat(), "arch": "small", "n_heads": 2, "max_tokens": 512})
     assert cfg.model.arch == "small" and cfg.max_tokens == 512
     assert cfg.model.overrides() == {"n_heads": 2}
 
