@@ -19,7 +19,7 @@ from torch import Tensor
 from nmt import distributed as dist_util
 from nmt.batching import Batch
 from nmt.errors import NmtError
-from nmt.loss import label_smoothed_nll_loss
+from nmt.loss import ProjectedLogits, label_smoothed_nll_loss
 from nmt.model import Transformer
 from nmt.model_config import TransformerConfig
 from nmt.precision import Precision
@@ -50,17 +50,19 @@ class SkippedStep:
 
 
 def forward_loss(model: torch.nn.Module, batch: Batch, label_smoothing: float, precision: Precision) -> tuple[Tensor, Tensor]:
-    """(smoothed loss sum, NLL sum) in nats; the projection runs on non-pad positions only."""
+    """(smoothed loss sum, NLL sum) in nats; the projection runs on non-pad positions only,
+    a chunk of rows at a time inside the loss (`ProjectedLogits`): the logits are never whole."""
     with precision.autocast():
         core: Transformer = model.module if hasattr(model, "module") else model
         if model is core:
             hidden = core.decode_hidden(batch.prev, core.encode(batch.src))
         else:  # DDP: go through forward so gradients are synchronised
             hidden = model(batch.src, batch.prev, return_hidden=True)
-        mask = batch.target.ne(0)
-        logits = core.project(hidden[mask])  # (N, V)
-    # The loss reads the logits in fp32 whatever the autocast dtype, so the ranking of
-    # probabilities and the smoothed sum are never rounded to bf16/fp16.
+    mask = batch.target.ne(0)
+    weight = core.output_weight
+    # Products in the autocast dtype; the loss reads the logits in fp32 whatever that is, so
+    # the ranking of probabilities and the smoothed sum are never rounded to bf16/fp16.
+    logits = ProjectedLogits(hidden[mask], weight, precision.dtype or weight.dtype)
     return label_smoothed_nll_loss(logits, batch.target[mask], label_smoothing)
 
 

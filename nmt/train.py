@@ -41,6 +41,7 @@ from nmt.checkpoints_dir import CheckpointManager
 from nmt.data import TokenArray
 from nmt.engine import SkippedStep, TrainEngine, forward_loss
 from nmt.errors import Interrupted, NmtError
+from nmt.host_memory import keep_freed_memory
 from nmt.identity import IDENTITY_KEY, check_identity, checkpoint_identity, run_identity
 from nmt.model import Transformer
 from nmt.model_config import TransformerConfig, architecture, build_config
@@ -228,6 +229,7 @@ class Trainer:
             # Adam's second moments and tiny gradients reach denormal floats, which x86 cores
             # compute up to 100x slower; flushing them to zero changes nothing measurable.
             torch.set_flush_denormal(True)
+        self.malloc = keep_freed_memory() if self.device.type == "cpu" else None
 
         self.model_cfg = model_config_for(cfg, self.prep)
         self.identity = run_identity(self.rd)
@@ -566,6 +568,7 @@ class Trainer:
             "world_size": self.ctx.world_size,
             "device": self.device.type,
             "precision": self.precision.name,
+            "malloc": self.malloc,
             "max_tokens_per_update": self.cfg.max_tokens * self.cfg.update_freq * self.ctx.world_size,
             "train_pairs": int(len(self.train_data.indices)),
             "skipped_long_pairs": self.train_data.n_skipped,

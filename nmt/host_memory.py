@@ -1,0 +1,48 @@
+"""glibc malloc settings for training on CPU: keep freed activations for the next step.
+
+A training step on CPU allocates and frees the same large activations (megabytes each) over
+and over. glibc serves blocks above its mmap threshold (dynamic, at most 32 MiB) with fresh
+`mmap`s, and trims the heap's free top above its trim threshold, so every step maps new pages
+and pays a page fault per 4 KiB on first touch: in `small`'s step at 4096 tokens a ReLU's
+backward took 27 ms instead of 1.6 ms. Raising both thresholds keeps the freed blocks in the
+heap for reuse. Measured with bench/bench_train.py on a 2-core Sapphire Rapids (torch 2.13):
+fp32 +3% to +17% target tokens/s, bf16 +5%, with the same peak RSS (within 2%).
+
+PyTorch has no CPU caching allocator; Intel's PyTorch tuning guides preload jemalloc or
+tcmalloc for the same reason. These two `mallopt` settings need nothing installed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+from typing import Optional
+
+M_TRIM_THRESHOLD = -1  # <malloc.h>
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 1 << 30
+"""Blocks below 1 GiB come from the heap (reused), larger ones are still mapped."""
+TRIM_THRESHOLD = (1 << 31) - 1
+"""Free memory kept at the heap's top before it is returned (mallopt takes an int)."""
+
+USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES")
+
+
+def keep_freed_memory() -> Optional[str]:
+    """Raise glibc's mmap and trim thresholds for this process; say what was done.
+
+    Returns a line for the run's records, or None where nothing changed: not glibc, or the
+    user tuned malloc through its environment variables (theirs win).
+    """
+    if platform.libc_ver()[0] != "glibc":
+        return None
+    user = [name for name in USER_SETTINGS if name in os.environ]
+    if user:
+        return f"malloc as set by {', '.join(user)}"
+    try:
+        libc = ctypes.CDLL(None)
+        ok = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+    except (OSError, AttributeError):
+        return None
+    return "glibc malloc keeps freed blocks below 1 GiB for reuse (mmap and trim thresholds raised)" if ok else None
