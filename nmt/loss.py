@@ -131,11 +131,13 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
                 loss_sum += (1.0 - epsilon) * nll + (epsilon / vocab) * -lprobs.sum() if epsilon else nll
                 if not with_grad:
                     continue
-                d = lprobs.exp_()  # softmax
-                if epsilon:
-                    d.sub_(epsilon / vocab)
-                d.scatter_add_(-1, t, torch.full(t.shape, epsilon - 1.0, dtype=d.dtype, device=d.device))
-                d = d.to(dtype)  # d loss / d logits, (rows, V)
+                p = lprobs.exp_()  # softmax
+                p.scatter_add_(-1, t, torch.full(t.shape, epsilon - 1.0, dtype=p.dtype, device=p.device))
+                # d loss / d logits = p - q', (rows, V): the subtraction writes the product dtype in one pass
+                if dtype == p.dtype:
+                    d = p.sub_(epsilon / vocab)
+                else:
+                    d = torch.sub(p, epsilon / vocab, out=torch.empty(p.shape, dtype=dtype, device=p.device))
                 grad_hidden[start : start + step] = d @ w
                 if dtype == torch.float32:
                     grad_weight.addmm_(d.t(), rows)

@@ -14,6 +14,7 @@ default and fairseq's `--encoder-normalize-before`.
 from __future__ import annotations
 
 import math
+import sys
 from typing import NamedTuple, Optional
 
 import torch
@@ -51,20 +52,37 @@ def attend(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, 
 
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    """F.dropout(x, p, training), with the mask of a CPU tensor drawn as 31-bit random integers.
+    """F.dropout(x, p, training), with the mask of a CPU tensor drawn from 16-bit random numbers.
 
     On CPU, F.dropout draws its mask with `bernoulli_`: 4.9 ms per (4096, 256) activation in a
-    `small` training step on two cores, 8% of the step over its 17 dropouts; random integers and
-    one comparison take 2.6 ms (profiled; the step got 3-4% faster in fp32). The mask keeps each
-    element with probability 1 - p (to within 2^-31) and scales it by 1 / (1 - p), as F.dropout
-    does; only the random numbers differ. GPUs keep F.dropout (its fused kernel is fast there).
+    `small` training step on two cores, 8% of the step over its 17 dropouts. The generator's
+    cost is per number drawn, so `keep_mask` cuts each 31-bit random integer into two
+    decisions. The mask keeps each element with probability 1 - p (to within 2^-16) and scales
+    it by 1 / (1 - p), as F.dropout does; only the random numbers differ, and the seed still
+    decides them. GPUs keep F.dropout (its fused kernel is fast there).
     """
     if not training or p == 0.0:
         return x
     if x.device.type != "cpu" or p >= 1.0:
         return F.dropout(x, p, True)
-    keep = torch.empty(x.shape, dtype=torch.int32).random_() >= round(p * 2**31)  # random_: [0, 2^31)
-    return _MaskedScale.apply(x, keep, 1.0 / (1.0 - p))
+    return _MaskedScale.apply(x, keep_mask(x.shape, p), 1.0 / (1.0 - p))
+
+
+def keep_mask(shape: torch.Size, p: float) -> Tensor:
+    """Bool mask, True with probability 1 - p, from half as many random integers as elements.
+
+    `random_` on int32 gives 31 random bits: the low 16 (read as int16, uniform on
+    [-2^15, 2^15)) decide the first half of the elements, the high 15 (uniform on [0, 2^15))
+    the second. 2.6 -> 1.4 ms per (4000, 256) mask on two cores.
+    """
+    n = math.prod(shape)
+    half = (n + 1) // 2
+    halves = torch.empty(half, dtype=torch.int32).random_().view(torch.int16)
+    low, high = (0, 1) if sys.byteorder == "little" else (1, 0)  # where each int32's halves lie
+    keep = torch.empty(2 * half, dtype=torch.bool)
+    torch.ge(halves[low::2], round(p * 2**16) - 2**15, out=keep[:half])
+    torch.ge(halves[high::2], round(p * 2**15), out=keep[half:])
+    return keep[:n].view(shape)
 
 
 class _MaskedScale(torch.autograd.Function):

@@ -154,3 +154,17 @@ def test_cpu_dropout_keeps_one_minus_p_scales_the_kept_and_routes_the_gradient_t
     torch.manual_seed(3)
     assert torch.equal(dropout(x, 0.3, training=True), y)  # the seed decides the mask
     assert dropout(x, 0.3, training=False) is x and dropout(x, 0.0, training=True) is x
+
+
+def test_the_cpu_dropout_mask_keeps_one_minus_p_in_both_halves_of_its_random_integers():
+    from nmt.model import keep_mask
+
+    torch.manual_seed(5)
+    keep = keep_mask(torch.Size([1001, 999]), 0.1).reshape(-1)  # an odd count: the last integer is half used
+    assert keep.shape == (1001 * 999,)
+    half = (keep.numel() + 1) // 2
+    first, second = keep[:half].float(), keep[half:].float()
+    # 500k draws each: standard deviation 0.0004
+    assert abs(first.mean().item() - 0.9) < 0.002 and abs(second.mean().item() - 0.9) < 0.002
+    both = (first[: second.numel()] * second).mean().item()  # the low and high bits of one integer are independent
+    assert abs(both - 0.81) < 0.003
