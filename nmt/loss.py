@@ -43,6 +43,25 @@ def _rows_per_chunk(vocab: int) -> int:
     return max(1, CHUNK_ELEMENTS // max(vocab, 1))
 
 
+def _chunk_losses(lprobs: Tensor, t: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+    """(smoothed loss, NLL) summed over one chunk's fp32 log-probabilities (rows, V), gold ids t (rows, 1)."""
+    nll = -lprobs.gather(-1, t).sum()
+    if not epsilon:
+        return nll, nll
+    return (1.0 - epsilon) * nll + (epsilon / lprobs.size(-1)) * -lprobs.sum(), nll
+
+
+def _minus_smoothed_target(p: Tensor, t: Tensor, epsilon: float, dtype: torch.dtype) -> Tensor:
+    """p - q' in `dtype`, the loss's gradient over one chunk's logits, from its fp32 softmax
+    `p` (overwritten); a cast to another dtype happens in the same pass as the subtraction."""
+    p.scatter_add_(-1, t, torch.full(t.shape, epsilon - 1.0, dtype=p.dtype, device=p.device))
+    if not epsilon:
+        return p.to(dtype)
+    if dtype == p.dtype:
+        return p.sub_(epsilon / p.size(-1))
+    return torch.sub(p, epsilon / p.size(-1), out=torch.empty(p.shape, dtype=dtype, device=p.device))
+
+
 class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     """(loss sum, NLL sum) of logits (N, V) in any float dtype, maths in fp32, chunk by chunk."""
 
@@ -54,13 +73,9 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         step = _rows_per_chunk(vocab)
         for start in range(0, n, step):
             lprobs = torch.log_softmax(logits[start : start + step], dim=-1, dtype=torch.float32)  # (rows, V)
-            nll = -lprobs.gather(-1, target[start : start + step, None]).sum()
+            loss, nll = _chunk_losses(lprobs, target[start : start + step, None], epsilon)
+            loss_sum += loss
             nll_sum += nll
-            if epsilon != 0.0:
-                smooth = -lprobs.sum()  # sum over rows and k of -log p_k
-                loss_sum += (1.0 - epsilon) * nll + (epsilon / vocab) * smooth
-        if epsilon == 0.0:
-            loss_sum = nll_sum.clone()
         ctx.save_for_backward(logits, target)
         ctx.epsilon = epsilon
         ctx.mark_non_differentiable(nll_sum)
@@ -69,18 +84,14 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor, None, None]:
         logits, target = ctx.saved_tensors
-        eps = ctx.epsilon
         n, vocab = logits.shape
         grad = logits  # written chunk by chunk over the logits, which nothing reads after this backward
         g = grad_loss.float()
         step = _rows_per_chunk(vocab)
         for start in range(0, n, step):
-            t = target[start : start + step, None]
             p = torch.softmax(logits[start : start + step], dim=-1, dtype=torch.float32)  # (rows, V)
-            if eps != 0.0:
-                p.sub_(eps / vocab)
-            p.scatter_add_(-1, t, torch.full(t.shape, eps - 1.0, dtype=p.dtype, device=p.device))
-            torch.mul(p, g, out=grad[start : start + step])  # (p - q') * g, in the logits' dtype
+            d = _minus_smoothed_target(p, target[start : start + step, None], ctx.epsilon, torch.float32)
+            torch.mul(d, g, out=grad[start : start + step])  # (p - q') * g, in the logits' dtype
         return grad, None, None
 
 
@@ -126,18 +137,12 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
             for start in range(0, n, step):
                 rows, t = h[start : start + step], target[start : start + step, None]
                 lprobs = torch.log_softmax(rows @ w.t(), dim=-1, dtype=torch.float32)  # (rows, V)
-                nll = -lprobs.gather(-1, t).sum()
+                loss, nll = _chunk_losses(lprobs, t, epsilon)
+                loss_sum += loss
                 nll_sum += nll
-                loss_sum += (1.0 - epsilon) * nll + (epsilon / vocab) * -lprobs.sum() if epsilon else nll
                 if not with_grad:
                     continue
-                p = lprobs.exp_()  # softmax
-                p.scatter_add_(-1, t, torch.full(t.shape, epsilon - 1.0, dtype=p.dtype, device=p.device))
-                # d loss / d logits = p - q', (rows, V): the subtraction writes the product dtype in one pass
-                if dtype == p.dtype:
-                    d = p.sub_(epsilon / vocab)
-                else:
-                    d = torch.sub(p, epsilon / vocab, out=torch.empty(p.shape, dtype=dtype, device=p.device))
+                d = _minus_smoothed_target(lprobs.exp_(), t, epsilon, dtype)  # exp of log-softmax: the softmax
                 grad_hidden[start : start + step] = d @ w
                 if dtype == torch.float32:
                     grad_weight.addmm_(d.t(), rows)
