@@ -8,7 +8,7 @@ TORCH_REQ ?= torch
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test bench bench-preprocess bench-train bench-translate bench-scale bench-serve recipe-multi30k recipe-wmt14-ende clean
+.PHONY: install test bench bench-preprocess bench-train bench-train-gpu bench-translate bench-scale bench-serve recipe-multi30k recipe-wmt14-ende clean
 
 install: $(STAMP)
 
@@ -31,6 +31,11 @@ bench-preprocess: install
 
 bench-train: install
 	$(BIN)/python bench/bench_train.py
+
+# On a GPU: `big`, bf16, the paper's 25k-token batch, newstest text with a 32k joint BPE;
+# prints target tokens/s and the MFU against the GPU's measured bf16 matmul peak.
+bench-train-gpu: install
+	$(BIN)/python bench/bench_train.py --device cuda --arch big --max-tokens 25000 --amp bf16 --data newstest --updates 200
 
 bench-translate: install
 	$(BIN)/python bench/bench_translate.py

@@ -10,7 +10,7 @@ import torch
 
 from nmt.batching import Batch
 from nmt.distributed import DistContext
-from nmt.engine import SkippedStep, StepStats, TrainEngine, forward_loss
+from nmt.engine import SkippedStep, StepStats, TrainEngine, forward_loss, target_positions
 from nmt.model_config import build_config
 
 
@@ -112,3 +112,20 @@ def test_the_loss_is_summed_in_fp32_under_bf16_autocast():
     loss, nll = forward_loss(e.model, make_batch(8), 0.1, e.precision)
     assert loss.dtype == nll.dtype == torch.float32
     assert isinstance(e.step([(make_batch(8), 1.0)], lr=1e-3), StepStats)
+
+
+def test_the_loss_reads_exactly_the_non_pad_targets_in_order():
+    """The positions come from the batch's own token count (no device round trip) and must
+    pick what `target != pad` picks: padding inside the batch at several rows."""
+    from nmt.loss import label_smoothed_nll_loss
+
+    e = engine()
+    batch = make_batch(9, n=4, tgt_len=6)
+    batch.target[2, 3:] = 0
+    batch.n_tgt_tokens = int(batch.target.ne(0).sum())
+    mask = batch.target.ne(0)
+    assert torch.equal(target_positions(batch), mask.flatten().nonzero().squeeze(1))
+    hidden = e.model.decode_hidden(batch.prev, e.model.encode(batch.src))
+    expected = label_smoothed_nll_loss(hidden[mask] @ e.model.output_weight.t(), batch.target[mask], 0.1)
+    got = forward_loss(e.model, batch, 0.1, e.precision)
+    assert torch.allclose(got[0], expected[0], rtol=1e-6) and torch.allclose(got[1], expected[1], rtol=1e-6)
