@@ -19,8 +19,11 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet -e ".[test,plot,tensorboard,ct2,serve,serve-test]"
 	touch $(STAMP)
 
+# Test files are spread over TEST_WORKERS processes (pytest-xdist; a file's tests stay together,
+# so its module fixtures are built once): most tests wait on subprocesses and one-thread models.
+TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10 tests
 
 # Benchmarks print their numbers and write bench/results/*.json (one at a time: they time the CPU).
 bench: install

@@ -55,7 +55,7 @@ def register(app: typer.Typer) -> None:
         result = run_preprocess(root, cfg, force=force)
         console = _stderr_console()
         for note in result.notes:
-            console.print(f"nmt preprocess: {note}", highlight=False)
+            console.print(f"nmt preprocess: {note}", highlight=False, soft_wrap=True)  # one line, however long
         if not result.skipped:
             print_summary(console, result.record, root)
 
