@@ -74,11 +74,11 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     cost is per number drawn, so `keep_mask` cuts each 31-bit random integer into two
     decisions. The mask keeps each element with probability 1 - p (to within 2^-16) and scales
     it by 1 / (1 - p), as F.dropout does; only the random numbers differ, and the seed still
-    decides them. GPUs keep F.dropout (its fused kernel is fast there).
+    decides them. GPUs, and graphs under torch.compile, keep F.dropout.
     """
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or p >= 1.0:
+    if x.device.type != "cpu" or p >= 1.0 or torch.compiler.is_compiling():
         return F.dropout(x, p, True)
     return _MaskedScale.apply(x, keep_mask(x.shape, p), 1.0 / (1.0 - p))
 
@@ -282,7 +282,8 @@ class DecoderLayer(nn.Module):
         cache: Optional[dict[str, Tensor]] = None,
     ) -> Tensor:
         # Targets are right-padded, so the causal mask alone keeps real positions off padding.
-        causal = cache is None and x.size(1) > 1
+        # (Teacher forcing: queries and keys are the same positions; a one-position causal mask is no mask.)
+        causal = cache is None
         x = self.self_block(x, lambda h: self.self_attn(h, is_causal=causal, cache=cache))
         x = self.cross_block(x, lambda h: self.cross_attn(h, kv=memory_kv, attn_mask=memory_mask))
         return self.ffn_block(x, self.ffn)
@@ -364,7 +365,7 @@ class Transformer(nn.Module):
         pad = src_tokens.eq(PAD_ID)
         # Without padding no mask is needed (faster kernels); asking would make the host wait
         # for a GPU, so there the mask is always passed.
-        masked = src_tokens.device.type == "cuda" or bool(pad.any())
+        masked = src_tokens.device.type == "cuda" or torch.compiler.is_compiling() or bool(pad.any())
         attn_mask = (~pad)[:, None, None, :] if masked else None  # (B, 1, 1, S)
         x = self._embed(self.src_embed, src_tokens)
         for layer in self.encoder_layers:
