@@ -35,7 +35,7 @@ bench-preprocess: install
 bench-train: install
 	$(BIN)/python bench/bench_train.py
 
-# On a GPU: `big`, bf16, the paper's 25k-token batch, newstest text with a 32k joint BPE;
+# On a GPU: `big`, bf16, the paper's 25k-token batch, newstest text (../shared/data/wmt14) with a 32k joint BPE;
 # prints target tokens/s and the MFU against the GPU's measured bf16 matmul peak.
 bench-train-gpu: install
 	$(BIN)/python bench/bench_train.py --device cuda --arch big --max-tokens 25000 --amp bf16 --data newstest --updates 200

@@ -53,11 +53,16 @@ def prepare(run_dir: Path, data: str, multi30k: Path, wmt14: Path, vocab_size: i
     if data == "newstest":
         from bench_scale import learn_vocabulary
 
+        if not (wmt14 / "newstest2014.en.gz").is_file():
+            sys.exit(f"newstest2013/2014 (.en.gz, .de.gz) not found in {wmt14}; pass --wmt14 DIR")
+
         with tempfile.TemporaryDirectory(prefix="bench-train-newstest-") as tmp:
             learn_vocabulary(wmt14, Path(tmp), vocab_size)  # a run dir whose training data is newstest
             run_dir.parent.mkdir(parents=True, exist_ok=True)
             shutil.copytree(Path(tmp) / "vocab-run", run_dir)
         return
+    if not (multi30k / "train.en.gz").is_file():
+        sys.exit(f"Multi30k (train/val .en.gz, .de.gz) not found in {multi30k}; pass --multi30k DIR")
     subprocess.run([sys.executable, "-m", "nmt_cli", "preprocess", "-r", str(run_dir), "-s", "en", "-t", "de",
                     "--trainpref", str(multi30k / "train"), "--validpref", str(multi30k / "val"),
                     "--vocab-size", str(vocab_size)], check=True)
