@@ -43,10 +43,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_preprocess import timed_binarization  # noqa: E402
-from common import REPO, write_result  # noqa: E402
+from common import DEFAULT_WMT14, REPO, write_result  # noqa: E402
 
 LANGS = ("en", "de")
-DEFAULT_WMT14 = REPO.parent / "shared" / "data" / "wmt14"
 
 
 def build_corpus(wmt14: Path, out_prefix: Path, pairs: int, seed: int = 0) -> dict:

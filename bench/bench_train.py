@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DEFAULT_MULTI30K, REPO, matmul_flops, peak_rss_mib, write_result  # noqa: E402
+from common import DEFAULT_MULTI30K, DEFAULT_WMT14, REPO, matmul_flops, peak_rss_mib, write_result  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 from nmt.precision import cpu_bf16_units  # noqa: E402
@@ -51,10 +51,9 @@ def prepare(run_dir: Path, data: str, multi30k: Path, wmt14: Path, vocab_size: i
     if (run_dir / "config/preprocess.json").is_file():
         return
     if data == "newstest":
-        from bench_scale import learn_vocabulary
-
         if not (wmt14 / "newstest2014.en.gz").is_file():
             sys.exit(f"newstest2013/2014 (.en.gz, .de.gz) not found in {wmt14}; pass --wmt14 DIR")
+        from bench_scale import learn_vocabulary
 
         with tempfile.TemporaryDirectory(prefix="bench-train-newstest-") as tmp:
             learn_vocabulary(wmt14, Path(tmp), vocab_size)  # a run dir whose training data is newstest
@@ -148,7 +147,7 @@ def main() -> None:
                     help="Preprocessed data (default bench/results/multi30k-run or newstest-VOCAB-run, made once)")
     ap.add_argument("--data", choices=["multi30k", "newstest"], default="multi30k")
     ap.add_argument("--multi30k", type=Path, default=DEFAULT_MULTI30K)
-    ap.add_argument("--wmt14", type=Path, default=REPO.parent / "shared" / "data" / "wmt14")
+    ap.add_argument("--wmt14", type=Path, default=DEFAULT_WMT14)
     ap.add_argument("--vocab-size", type=int, default=None, help="Joint BPE pieces (default 8000 multi30k, 32000 newstest)")
     ap.add_argument("--arch", default="small")
     ap.add_argument("--updates", type=int, default=200)

@@ -11,6 +11,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
+DEFAULT_WMT14 = REPO.parent / "shared" / "data" / "wmt14"
 RESULTS = REPO / "bench" / "results"
 
 

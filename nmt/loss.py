@@ -39,8 +39,9 @@ chunk's fp32 copy of 32 MiB is at glibc's largest mmap threshold, so each one wa
 and paid a page fault per 4 KiB (in a bf16 training step: 130 ms of casts per update)."""
 
 
-def _rows_per_chunk(vocab: int) -> int:
-    return max(1, CHUNK_ELEMENTS // max(vocab, 1))
+def _rows_per_chunk(vocab: int, elements: int | None = None) -> int:
+    """Rows of a chunk of `elements` logits (default CHUNK_ELEMENTS, read at call time)."""
+    return max(1, (CHUNK_ELEMENTS if elements is None else elements) // max(vocab, 1))
 
 
 def _chunk_losses(lprobs: Tensor, t: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
@@ -124,8 +125,7 @@ gradient read and written once per chunk). `bench/bench_loss_chunks.py` at 25000
 
 def projected_chunk_rows(vocab: int, device: torch.device) -> int:
     """Rows of hidden states per chunk of the projected loss on `device`."""
-    elements = PROJECTED_CHUNK_ELEMENTS_CUDA if device.type == "cuda" else PROJECTED_CHUNK_ELEMENTS
-    return max(1, elements // max(vocab, 1))
+    return _rows_per_chunk(vocab, PROJECTED_CHUNK_ELEMENTS_CUDA if device.type == "cuda" else PROJECTED_CHUNK_ELEMENTS)
 
 
 class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):

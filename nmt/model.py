@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import sys
+from contextlib import nullcontext
 from typing import NamedTuple, Optional
 
 import torch
@@ -49,10 +50,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, 
             out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=attn_mask,
                                                  dropout_p=dropout_p, is_causal=is_causal)
         return out.to(q.dtype)
-    if q.device.type == "cuda":
-        with sdpa_kernel(GPU_ATTENTION_BACKENDS):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+    with sdpa_kernel(GPU_ATTENTION_BACKENDS) if q.device.type == "cuda" else nullcontext():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
 
 
 GPU_ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
