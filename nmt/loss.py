@@ -54,13 +54,35 @@ def _chunk_losses(lprobs: Tensor, t: Tensor, epsilon: float) -> tuple[Tensor, Te
 
 def _minus_smoothed_target(p: Tensor, t: Tensor, epsilon: float, dtype: torch.dtype) -> Tensor:
     """p - q' in `dtype`, the loss's gradient over one chunk's logits, from its fp32 softmax
-    `p` (overwritten); a cast to another dtype happens in the same pass as the subtraction."""
+    `p` (overwritten). The subtraction runs in place in fp32 and the cast after it: one
+    mixed-dtype pass (`torch.sub(..., out=bf16)`) was 2.5x slower on CPU than the two."""
     p.scatter_add_(-1, t, torch.full(t.shape, epsilon - 1.0, dtype=p.dtype, device=p.device))
-    if not epsilon:
-        return p.to(dtype)
-    if dtype == p.dtype:
-        return p.sub_(epsilon / p.size(-1))
-    return torch.sub(p, epsilon / p.size(-1), out=torch.empty(p.shape, dtype=dtype, device=p.device))
+    if epsilon:
+        p.sub_(epsilon / p.size(-1))
+    return p.to(dtype)  # p itself when dtype is fp32
+
+
+def _softmax_and_losses(logits: Tensor, t: Tensor, epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(fp32 softmax, smoothed loss sum, NLL sum) of one chunk's logits (rows, V), which it
+    overwrites when they are fp32, with gold ids t (rows, 1).
+
+    With m the row maximum and s = sum_k exp(z_k - m): lse = m + log s, -log p_gold = lse -
+    z_gold and sum_k -log p_k = V * lse - sum_k z_k, so the losses need the row sums of z
+    and one exponential per logit, which is also the softmax the gradient needs (log_softmax
+    and then exp took two). Per chunk on two CPU cores, bf16 logits: 104 -> 90 ms per 3450
+    x 8000 update.
+    """
+    z = logits.float()  # the logits themselves when fp32
+    vocab = z.size(-1)
+    m = z.amax(dim=-1, keepdim=True)
+    z_gold = z.gather(-1, t)
+    z_rows = z.sum(dim=-1, keepdim=True)
+    p = z.sub_(m).exp_()
+    s = p.sum(dim=-1, keepdim=True)
+    lse = s.log().add_(m)
+    nll = (lse - z_gold).sum()
+    loss = nll if not epsilon else (1.0 - epsilon) * nll + (epsilon / vocab) * (vocab * lse - z_rows).sum()
+    return p.div_(s), loss, nll
 
 
 class _LabelSmoothedCrossEntropy(torch.autograd.Function):
@@ -150,13 +172,12 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
             step = projected_chunk_rows(vocab, hidden.device)
             for start in range(0, n, step):
                 rows, t = h[start : start + step], target[start : start + step, None]
-                lprobs = torch.log_softmax(rows @ w.t(), dim=-1, dtype=torch.float32)  # (rows, V)
-                loss, nll = _chunk_losses(lprobs, t, epsilon)
+                p, loss, nll = _softmax_and_losses(rows @ w.t(), t, epsilon)
                 loss_sum += loss
                 nll_sum += nll
                 if not with_grad:
                     continue
-                d = _minus_smoothed_target(lprobs.exp_(), t, epsilon, dtype)  # exp of log-softmax: the softmax
+                d = _minus_smoothed_target(p, t, epsilon, dtype)
                 grad_hidden[start : start + step] = d @ w
                 if dtype == torch.float32:
                     grad_weight.addmm_(d.t(), rows)
