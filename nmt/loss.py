@@ -69,8 +69,8 @@ def _softmax_and_losses(logits: Tensor, t: Tensor, epsilon: float) -> tuple[Tens
     With m the row maximum and s = sum_k exp(z_k - m): lse = m + log s, -log p_gold = lse -
     z_gold and sum_k -log p_k = V * lse - sum_k z_k, so the losses need the row sums of z
     and one exponential per logit, which is also the softmax the gradient needs (log_softmax
-    and then exp took two). Per chunk on two CPU cores, bf16 logits: 104 -> 90 ms per 3450
-    x 8000 update.
+    and then exp took two). On two CPU cores, the chunks of one 3450 x 8000 update with bf16
+    logits: 104 -> 90 ms.
     """
     z = logits.float()  # the logits themselves when fp32
     vocab = z.size(-1)

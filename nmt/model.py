@@ -98,7 +98,8 @@ def keep_mask(shape: torch.Size, p: float) -> Tensor:
     n = math.prod(shape)
     seed = int(torch.randint(0, _SEED_RANGE, (), dtype=torch.int64))
     bits = np.random.PCG64(seed).random_raw((n + 3) // 4).view(np.int16)[:n]
-    return torch.from_numpy(np.greater_equal(bits, np.int16(round(p * 2**16) - 2**15))).view(shape)
+    threshold = min(round(p * 2**16) - 2**15, 2**15 - 1)  # an int16 (p within 2^-17 of 1 would overflow it)
+    return torch.from_numpy(np.greater_equal(bits, np.int16(threshold))).view(shape)
 
 
 class _MaskedScale(torch.autograd.Function):
