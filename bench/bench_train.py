@@ -170,11 +170,11 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     gpu = args.device != "cpu"
+    native_bf16, evidence = (torch.cuda.is_bf16_supported(), torch.cuda.get_device_name()) if gpu else cpu_bf16_units()
     peaks = {"fp32": matmul_flops(torch.float32, device=args.device)}
-    if "bf16" in args.amp and (gpu or cpu_bf16_units()[0]):
+    if "bf16" in args.amp and native_bf16:
         peaks["bf16"] = matmul_flops(torch.bfloat16, device=args.device)
     results = {}
-    native_bf16, evidence = (torch.cuda.is_bf16_supported(), torch.cuda.get_device_name()) if gpu else cpu_bf16_units()
     print(f"bf16 matrix units: {'yes' if native_bf16 else 'no'} ({evidence})", flush=True)
     runs = [(amp, False) for amp in args.amp] + ([(amp, True) for amp in args.amp] if args.compile else [])
     for amp, compiled in runs:
