@@ -62,7 +62,8 @@ def forward_loss(model: torch.nn.Module, batch: Batch, label_smoothing: float, p
     weight = core.output_weight
     # Products in the autocast dtype; the loss reads the logits in fp32 whatever that is, so
     # the ranking of probabilities and the smoothed sum are never rounded to bf16/fp16.
-    logits = ProjectedLogits(hidden.flatten(0, 1).index_select(0, rows), weight, precision.dtype or weight.dtype)
+    logits = ProjectedLogits(hidden.flatten(0, 1).index_select(0, rows), weight, precision.dtype or weight.dtype,
+                             core.gemm_row_multiple)
     return label_smoothed_nll_loss(logits, batch.target.flatten().index_select(0, rows), label_smoothing)
 
 
@@ -79,13 +80,19 @@ class TrainEngine:
 
     def __init__(self, model_cfg: TransformerConfig, ctx: dist_util.DistContext, *, amp: str = "none",
                  betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-9, weight_decay: float = 0.0,
-                 label_smoothing: float = 0.1, clip_norm: float = 0.0, min_loss_scale: float = 1e-4, seed: int = 1):
+                 label_smoothing: float = 0.1, clip_norm: float = 0.0, min_loss_scale: float = 1e-4, seed: int = 1,
+                 gemm_row_bucket: int = 0):
+        """`gemm_row_bucket`: in bf16 on CPU, the layers' products pad a batch's rows to a
+        multiple of this (the trainer passes --max-tokens, which bounds a batch's rows), so
+        that oneDNN builds its kernels once, not per batch (`nmt.gemm_rows`); 0 = never."""
         self.ctx, self.device = ctx, ctx.device
         self.label_smoothing, self.clip_norm = label_smoothing, clip_norm
         self.precision = Precision.create(amp, self.device, min_loss_scale)
         self.model_cfg = model_cfg
         torch.manual_seed(seed)
         self.model = Transformer(model_cfg).to(self.device)
+        self.gemm_row_bucket = gemm_row_bucket if self.device.type == "cpu" and self.precision.dtype == torch.bfloat16 else 0
+        self.model.bucket_gemm_rows(self.gemm_row_bucket)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=betas, eps=eps,
                                           weight_decay=weight_decay, fused=True)
         self.ddp_model = ctx.wrap(self.model)

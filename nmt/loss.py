@@ -32,6 +32,8 @@ from typing import NamedTuple, Union
 import torch
 from torch import Tensor
 
+from nmt.gemm_rows import zero_padded_rows
+
 CHUNK_ELEMENTS = 1 << 21
 """fp32 elements per chunk (8 MiB). 4096 x 8000 logits, forward + backward on two cores:
 fp32 the same from 1M to 8M elements (108-112 ms); bf16 120 ms at 8M but 72 ms at 2M, because a
@@ -129,6 +131,7 @@ class ProjectedLogits(NamedTuple):
     hidden: Tensor  # (N, d_model), non-pad decoder states
     weight: Tensor  # (V, d_model), the pre-softmax projection
     dtype: torch.dtype  # of the matrix products: bf16/fp16 under autocast, else the weight's
+    row_bucket: int = 0  # > 0: chunks of fewer rows than min(chunk, row_bucket) are padded to it (`nmt.gemm_rows`)
 
 
 PROJECTED_CHUNK_ELEMENTS = 1 << 22
@@ -161,7 +164,7 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, dtype: torch.dtype,
-                with_grad: bool) -> tuple[Tensor, Tensor]:
+                with_grad: bool, row_bucket: int) -> tuple[Tensor, Tensor]:
         n, vocab = hidden.size(0), weight.size(0)
         with torch.autocast(hidden.device.type, enabled=False):
             h, w = hidden.to(dtype), weight.to(dtype)
@@ -170,15 +173,26 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
             grad_hidden = torch.empty_like(hidden) if with_grad else None
             grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if with_grad else None
             step = projected_chunk_rows(vocab, hidden.device)
+            # oneDNN builds a kernel per bf16 product shape (`nmt.gemm_rows`): short chunks are
+            # padded with zero rows so that every chunk of every update has one shape.
+            pad_to = min(step, row_bucket) if with_grad and row_bucket > 0 else 0
             for start in range(0, n, step):
                 rows, t = h[start : start + step], target[start : start + step, None]
-                e, s, loss, nll = _exp_and_losses(rows @ w.t(), t, epsilon)
+                r = rows.size(0)
+                if r < pad_to:
+                    rows = zero_padded_rows(rows, pad_to, dtype)
+                # In bf16 the product is dropped once cast, and the fp32 softmax once d is made:
+                # the chunk's peak is one fp32 and one bf16 copy, not two bf16 and one fp32.
+                e, s, loss, nll = _exp_and_losses((rows @ w.t())[:r].float(), t, epsilon)
                 loss_sum += loss
                 nll_sum += nll
                 if not with_grad:
                     continue  # validation: the softmax itself is not needed
                 d = _minus_smoothed_target(e.div_(s), t, epsilon, dtype)
-                grad_hidden[start : start + step] = d @ w
+                del e
+                if rows.size(0) > r:
+                    d = zero_padded_rows(d, rows.size(0), dtype)
+                grad_hidden[start : start + r] = (d @ w)[:r]
                 if dtype == torch.float32:
                     grad_weight.addmm_(d.t(), rows)
                 else:
@@ -193,7 +207,7 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
         grad_hidden, grad_weight = ctx.saved_tensors  # computed in forward whenever a graph is recorded
         g = grad_loss.float()
         return (grad_hidden.mul_(g.to(grad_hidden.dtype)), grad_weight.mul_(g).to(ctx.weight_dtype),
-                None, None, None, None)
+                None, None, None, None, None)
 
 
 def label_smoothed_nll_loss(logits: Union[Tensor, ProjectedLogits], target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
@@ -203,7 +217,7 @@ def label_smoothed_nll_loss(logits: Union[Tensor, ProjectedLogits], target: Tens
     a `ProjectedLogits`, formed a chunk at a time and never kept (training does this).
     """
     if isinstance(logits, ProjectedLogits):
-        hidden, weight, dtype = logits
+        hidden, weight, dtype, row_bucket = logits
         with_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-        return _ProjectedLabelSmoothedCrossEntropy.apply(hidden, weight, target, float(epsilon), dtype, with_grad)
+        return _ProjectedLabelSmoothedCrossEntropy.apply(hidden, weight, target, float(epsilon), dtype, with_grad, row_bucket)
     return _LabelSmoothedCrossEntropy.apply(logits, target, float(epsilon))

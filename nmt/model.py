@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from nmt.gemm_rows import BucketedLinear
 from nmt.model_config import TransformerConfig
 from nmt.tokenizer import PAD_ID
 
@@ -134,11 +135,11 @@ class MultiHeadAttention(nn.Module):
         self.n_heads, self.d_head, self.dropout = n_heads, d_model // n_heads, dropout
         self.self_attention = self_attention
         if self_attention:
-            self.qkv_proj = nn.Linear(d_model, 3 * d_model)
+            self.qkv_proj = BucketedLinear(d_model, 3 * d_model)
         else:
-            self.q_proj = nn.Linear(d_model, d_model)
-            self.kv_proj = nn.Linear(d_model, 2 * d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
+            self.q_proj = BucketedLinear(d_model, d_model)
+            self.kv_proj = BucketedLinear(d_model, 2 * d_model)
+        self.out_proj = BucketedLinear(d_model, d_model)
         for lin in self.modules():
             if isinstance(lin, nn.Linear):
                 nn.init.xavier_uniform_(lin.weight)
@@ -233,7 +234,7 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, relu_dropout: float):
         super().__init__()
-        self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.fc1, self.fc2 = BucketedLinear(d_model, d_ff), BucketedLinear(d_ff, d_model)
         self.relu_dropout = relu_dropout
         for lin in (self.fc1, self.fc2):
             nn.init.xavier_uniform_(lin.weight)
@@ -352,6 +353,7 @@ class Transformer(nn.Module):
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         self.encoder_norm = nn.LayerNorm(d) if cfg.pre_ln else None
         self.decoder_norm = nn.LayerNorm(d) if cfg.pre_ln else None
+        self.gemm_row_multiple = 0
 
     # -- embeddings ---------------------------------------------------------------------
     def _embed(self, table: nn.Embedding, tokens: Tensor, start: int = 0) -> Tensor:
@@ -359,6 +361,15 @@ class Transformer(nn.Module):
         T = tokens.size(1)
         x = table(tokens) * self.embed_scale + self.positions[start : start + T]
         return dropout(x, self.cfg.dropout, self.training)
+
+    def bucket_gemm_rows(self, multiple: int) -> None:
+        """Pad the rows of every layer's bf16 CPU training products to a multiple of
+        `multiple` (0: never), so oneDNN builds a kernel per bucket, not per batch (`nmt.gemm_rows`);
+        the training loss pads its chunks to match (`ProjectedLogits.row_bucket`)."""
+        self.gemm_row_multiple = multiple
+        for module in self.modules():
+            if isinstance(module, BucketedLinear):
+                module.row_multiple = multiple
 
     @property
     def output_weight(self) -> Tensor:

@@ -22,15 +22,17 @@ from torch import Tensor
 from nmt.errors import NmtError
 
 
-ONEDNN_CACHE_CAPACITY = "16"
-"""oneDNN primitives cached for bf16 matmuls on CPU (its default is 1024). Each cached
-primitive keeps its working memory, and batches of new shapes keep adding primitives: the
-default grew `small`'s bf16 training to 5 GB where fp32 needs 1.2 GB. The cache pays off
-within a step (layers of one shape reuse one primitive), not across batches of other shapes:
-at 16 entries bf16 trained as fast as at 64 or 128 (5,726 vs 5,632-6,136 target tok/s) with
-peak RSS 1,518 MiB instead of 1,886-2,048; at 8, 10% slower, and at 0, 30% slower
-(Sapphire Rapids, torch 2.13). The environment variable ONEDNN_PRIMITIVE_CACHE_CAPACITY, if
-set, wins."""
+ONEDNN_CACHE_CAPACITY = "24"
+"""oneDNN primitives (kernels built for one matrix shape) cached for bf16 matmuls on CPU (its
+default is 1024). Training pads the rows of its bf16 products to --max-tokens
+(`nmt.gemm_rows`), so one update of any architecture uses 21 shapes (five linear layer kinds,
+forward and two backward products each, and the loss's three), the same on every update: 24
+entries hold them all. At 16 the 21 evicted one another and every update built them all again
+(`ONEDNN_VERBOSE=profile_create`: 108 kernels built over 30 updates at 24 entries, of which 3
+per update for the loss's short last chunk, since padded too; without padding, 33 per update at
+4.4 ms each). Each entry keeps under 1 MiB, and without padding a larger cache only kept
+shapes that never came back (the default grew `small`'s bf16 training to 5 GB). The
+environment variable ONEDNN_PRIMITIVE_CACHE_CAPACITY, if set, wins."""
 
 IDEEP_CACHE_CAPACITY = "16"
 """Entries of ideep's own per-shape cache in front of oneDNN (PyTorch's LRU_CACHE_CAPACITY,
