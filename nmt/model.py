@@ -103,6 +103,22 @@ def keep_mask(shape: torch.Size, p: float) -> Tensor:
     return torch.from_numpy(np.greater_equal(bits, np.int16(threshold))).view(shape)
 
 
+def relu_dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """dropout(ReLU(x), p, training), with one mask for both on CPU.
+
+    ReLU's backward needs where x > 0, and dropout's which elements it kept. On CPU one byte
+    mask (kept and positive) serves both, so the (tokens x d_ff) ReLU output is not kept for
+    the backward and one pass over it is saved there: `small` at 4096 tokens kept 12 MiB less
+    per fp32 layer. Elements where x == 0 get no gradient, as with F.relu. The numbers are
+    those of `dropout(F.relu(x), p, training)` with the same random state.
+    """
+    if not training or p == 0.0 or x.device.type != "cpu" or p >= 1.0 or torch.compiler.is_compiling():
+        return dropout(F.relu(x), p, training)
+    keep = keep_mask(x.shape, p)
+    keep &= x > 0
+    return _MaskedScale.apply(x, keep, 1.0 / (1.0 - p))
+
+
 class _MaskedScale(torch.autograd.Function):
     """x * keep * scale whose backward keeps only the bool mask (1 byte per element).
 
@@ -241,8 +257,7 @@ class FeedForward(nn.Module):
             nn.init.zeros_(lin.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = F.relu(self.fc1(x))
-        return self.fc2(dropout(h, self.relu_dropout, self.training))
+        return self.fc2(relu_dropout(self.fc1(x), self.relu_dropout, self.training))
 
 
 class Residual(nn.Module):

@@ -171,3 +171,21 @@ def test_the_cpu_dropout_mask_keeps_one_minus_p_in_each_16_bit_lane_and_follows_
     assert torch.equal(keep_mask(torch.Size([1001, 999]), 0.1).reshape(-1), keep)
     assert not torch.equal(keep_mask(torch.Size([1001, 999]), 0.1).reshape(-1), keep)  # the next draw differs
     assert keep_mask(torch.Size([4096]), 1 - 2**-20).sum() <= 2  # p this close to 1 still fits the int16 threshold
+
+
+def test_relu_dropout_on_cpu_equals_relu_then_dropout_with_the_same_random_state():
+    from nmt.model import dropout, relu_dropout
+
+    x = torch.randn(64, 96)
+    x[0, :8] = 0.0  # ReLU's kink: no gradient there either way
+    results = []
+    for fused in (True, False):
+        xi = x.clone().requires_grad_(True)
+        torch.manual_seed(3)
+        y = relu_dropout(xi, 0.3, True) if fused else dropout(torch.relu(xi), 0.3, True)
+        (y * torch.arange(96.0)).sum().backward()
+        results.append((y.detach(), xi.grad))
+    (y, g), (ry, rg) = results
+    assert torch.equal(y, ry) and torch.equal(g, rg)
+    assert 0.45 < (y > 0).float().mean().item() / 0.7 < 0.55  # half positive, 70% of those kept
+    assert torch.equal(relu_dropout(x, 0.3, False), torch.relu(x))
