@@ -25,14 +25,14 @@ from nmt.errors import NmtError
 ONEDNN_CACHE_CAPACITY = "24"
 """oneDNN primitives (kernels built for one matrix shape) cached for bf16 matmuls on CPU (its
 default is 1024). Training pads the rows of its bf16 products to --max-tokens
-(`nmt.gemm_rows`), so one update of any architecture uses 21 shapes (five linear layer kinds,
-forward and two backward products each, and the loss's three), the same on every update: 24
-entries hold them all. At 16 the 21 evicted one another and every update built them all again
-(`ONEDNN_VERBOSE=profile_create`: 108 kernels built over 30 updates at 24 entries, of which 3
-per update for the loss's short last chunk, since padded too; without padding, 33 per update at
-4.4 ms each). Each entry keeps under 1 MiB, and without padding a larger cache only kept
-shapes that never came back (the default grew `small`'s bf16 training to 5 GB). The
-environment variable ONEDNN_PRIMITIVE_CACHE_CAPACITY, if set, wins."""
+(`nmt.gemm_rows`), so one update of any architecture uses the same 18 shapes (five linear
+layer kinds, a forward and two backward products each, less two shared, and the loss's three):
+24 entries hold them all, and over 30 updates of `small` oneDNN built 18 kernels, all in the
+first (`ONEDNN_VERBOSE=profile_create`). At 16 they evicted one another and each update built
+them again; unpadded, every batch brought 33 new shapes at 4.4 ms each. Each entry keeps under
+1 MiB, and without padding a larger cache only kept shapes that never came back (the default
+grew `small`'s bf16 training to 5 GB). The environment variable ONEDNN_PRIMITIVE_CACHE_CAPACITY,
+if set, wins."""
 
 IDEEP_CACHE_CAPACITY = "16"
 """Entries of ideep's own per-shape cache in front of oneDNN (PyTorch's LRU_CACHE_CAPACITY,
