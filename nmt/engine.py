@@ -81,8 +81,8 @@ class TrainEngine:
     def __init__(self, model_cfg: TransformerConfig, ctx: dist_util.DistContext, *, amp: str = "none",
                  betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-9, weight_decay: float = 0.0,
                  label_smoothing: float = 0.1, clip_norm: float = 0.0, min_loss_scale: float = 1e-4, seed: int = 1,
-                 gemm_row_bucket: int = 0):
-        """`gemm_row_bucket`: in bf16 on CPU, the layers' products pad a batch's rows to a
+                 gemm_row_multiple: int = 0):
+        """`gemm_row_multiple`: in bf16 on CPU, the layers' products pad a batch's rows to a
         multiple of this (the trainer passes --max-tokens, which bounds a batch's rows), so
         that oneDNN builds its kernels once, not per batch (`nmt.gemm_rows`); 0 = never."""
         self.ctx, self.device = ctx, ctx.device
@@ -91,8 +91,8 @@ class TrainEngine:
         self.model_cfg = model_cfg
         torch.manual_seed(seed)
         self.model = Transformer(model_cfg).to(self.device)
-        self.gemm_row_bucket = gemm_row_bucket if self.device.type == "cpu" and self.precision.dtype == torch.bfloat16 else 0
-        self.model.bucket_gemm_rows(self.gemm_row_bucket)
+        if self.device.type == "cpu" and self.precision.dtype == torch.bfloat16:
+            self.model.bucket_gemm_rows(gemm_row_multiple)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=betas, eps=eps,
                                           weight_decay=weight_decay, fused=True)
         self.ddp_model = ctx.wrap(self.model)

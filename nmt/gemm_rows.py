@@ -24,10 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-
-def padded_rows(n: int, multiple: int) -> int:
-    """`n` rounded up to a multiple of `multiple`."""
-    return -(-n // multiple) * multiple
+from nmt.batching import padded_length
 
 
 class BucketedLinear(nn.Linear):
@@ -42,7 +39,7 @@ class BucketedLinear(nn.Linear):
         if (self.row_multiple and x.device.type == "cpu" and torch.is_grad_enabled()
                 and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16):
             rows = x.reshape(-1, x.size(-1))  # (B * T, in)
-            out = _PaddedRowsLinear.apply(rows, self.weight, self.bias, padded_rows(rows.size(0), self.row_multiple))
+            out = _PaddedRowsLinear.apply(rows, self.weight, self.bias, int(padded_length(rows.size(0), self.row_multiple)))
             return out.view(*x.shape[:-1], out.size(-1))
         return super().forward(x)
 

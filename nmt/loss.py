@@ -131,7 +131,7 @@ class ProjectedLogits(NamedTuple):
     hidden: Tensor  # (N, d_model), non-pad decoder states
     weight: Tensor  # (V, d_model), the pre-softmax projection
     dtype: torch.dtype  # of the matrix products: bf16/fp16 under autocast, else the weight's
-    row_bucket: int = 0  # > 0: chunks of fewer rows than min(chunk, row_bucket) are padded to it (`nmt.gemm_rows`)
+    row_multiple: int = 0  # > 0: the layers' row multiple; chunks shorter than min(chunk, it) are padded (`nmt.gemm_rows`)
 
 
 PROJECTED_CHUNK_ELEMENTS = 1 << 22
@@ -164,7 +164,7 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, dtype: torch.dtype,
-                with_grad: bool, row_bucket: int) -> tuple[Tensor, Tensor]:
+                with_grad: bool, row_multiple: int) -> tuple[Tensor, Tensor]:
         n, vocab = hidden.size(0), weight.size(0)
         with torch.autocast(hidden.device.type, enabled=False):
             h, w = hidden.to(dtype), weight.to(dtype)
@@ -175,7 +175,7 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
             step = projected_chunk_rows(vocab, hidden.device)
             # oneDNN builds a kernel per bf16 product shape (`nmt.gemm_rows`): short chunks are
             # padded with zero rows so that every chunk of every update has one shape.
-            pad_to = min(step, row_bucket) if with_grad and row_bucket > 0 else 0
+            pad_to = min(step, row_multiple) if with_grad and row_multiple > 0 else 0
             for start in range(0, n, step):
                 rows, t = h[start : start + step], target[start : start + step, None]
                 r = rows.size(0)
@@ -217,7 +217,7 @@ def label_smoothed_nll_loss(logits: Union[Tensor, ProjectedLogits], target: Tens
     a `ProjectedLogits`, formed a chunk at a time and never kept (training does this).
     """
     if isinstance(logits, ProjectedLogits):
-        hidden, weight, dtype, row_bucket = logits
+        hidden, weight, dtype, row_multiple = logits
         with_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-        return _ProjectedLabelSmoothedCrossEntropy.apply(hidden, weight, target, float(epsilon), dtype, with_grad, row_bucket)
+        return _ProjectedLabelSmoothedCrossEntropy.apply(hidden, weight, target, float(epsilon), dtype, with_grad, row_multiple)
     return _LabelSmoothedCrossEntropy.apply(logits, target, float(epsilon))

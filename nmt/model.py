@@ -78,9 +78,15 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     """
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or p >= 1.0 or torch.compiler.is_compiling():
+    if not _cpu_mask_applies(x, p):
         return F.dropout(x, p, True)
     return _MaskedScale.apply(x, keep_mask(x.shape, p), 1.0 / (1.0 - p))
+
+
+def _cpu_mask_applies(x: Tensor, p: float) -> bool:
+    """Whether dropout of x at rate p (training) draws its mask with `keep_mask`: on CPU, for
+    p < 1, outside torch.compile graphs (which keep F.dropout)."""
+    return x.device.type == "cpu" and p < 1.0 and not torch.compiler.is_compiling()
 
 
 _SEED_RANGE = 2**62
@@ -112,7 +118,7 @@ def relu_dropout(x: Tensor, p: float, training: bool) -> Tensor:
     per fp32 layer. Elements where x == 0 get no gradient, as with F.relu. The numbers are
     those of `dropout(F.relu(x), p, training)` with the same random state.
     """
-    if not training or p == 0.0 or x.device.type != "cpu" or p >= 1.0 or torch.compiler.is_compiling():
+    if not training or p == 0.0 or not _cpu_mask_applies(x, p):
         return dropout(F.relu(x), p, training)
     keep = keep_mask(x.shape, p)
     keep &= x > 0
@@ -380,7 +386,7 @@ class Transformer(nn.Module):
     def bucket_gemm_rows(self, multiple: int) -> None:
         """Pad the rows of every layer's bf16 CPU training products to a multiple of
         `multiple` (0: never), so oneDNN builds a kernel per bucket, not per batch (`nmt.gemm_rows`);
-        the training loss pads its chunks to match (`ProjectedLogits.row_bucket`)."""
+        the training loss pads its chunks to match (`ProjectedLogits.row_multiple`)."""
         self.gemm_row_multiple = multiple
         for module in self.modules():
             if isinstance(module, BucketedLinear):

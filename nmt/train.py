@@ -251,7 +251,7 @@ class Trainer:
         self.engine = TrainEngine(
             self.model_cfg, ctx, amp=cfg.amp, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
             weight_decay=cfg.weight_decay, label_smoothing=cfg.label_smoothing, clip_norm=cfg.clip_norm,
-            min_loss_scale=cfg.min_loss_scale, seed=cfg.seed, gemm_row_bucket=cfg.max_tokens,
+            min_loss_scale=cfg.min_loss_scale, seed=cfg.seed, gemm_row_multiple=cfg.max_tokens,
         )
         self.model, self.precision = self.engine.model, self.engine.precision
         self.state = TrainState()
@@ -569,7 +569,7 @@ class Trainer:
             "device": self.device.type,
             "precision": self.precision.name,
             "malloc": self.malloc,
-            "bf16_product_rows": self.engine.gemm_row_bucket or None,
+            "bf16_product_rows": self.model.gemm_row_multiple or None,
             "max_tokens_per_update": self.cfg.max_tokens * self.cfg.update_freq * self.ctx.world_size,
             "train_pairs": int(len(self.train_data.indices)),
             "skipped_long_pairs": self.train_data.n_skipped,

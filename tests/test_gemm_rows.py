@@ -71,7 +71,7 @@ def test_bf16_training_on_cpu_multiplies_one_set_of_shapes_whatever_the_batch():
     """oneDNN builds a kernel per new bf16 product shape (milliseconds each): batches of other
     sizes must not bring new shapes, or every update pays for them again."""
     e = TrainEngine(build_config("tiny", 40, 40, dropout=0.0), DistContext(0, 1, 0, torch.device("cpu")),
-                    amp="bf16", seed=7, gemm_row_bucket=64)
+                    amp="bf16", seed=7, gemm_row_multiple=64)
 
     def product_shapes(batch) -> set[str]:
         with torch.profiler.profile(record_shapes=True) as prof:
