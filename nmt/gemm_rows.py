@@ -35,44 +35,63 @@ class BucketedLinear(nn.Linear):
 
     row_multiple: int = 0
 
+    def pads(self, x: Tensor) -> bool:
+        """Whether this layer pads the rows of x: in CPU bf16 autocast, with gradients on."""
+        return bool(self.row_multiple and x.device.type == "cpu" and torch.is_grad_enabled()
+                    and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+
     def forward(self, x: Tensor) -> Tensor:
-        if (self.row_multiple and x.device.type == "cpu" and torch.is_grad_enabled()
-                and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16):
+        if self.pads(x):
             rows = x.reshape(-1, x.size(-1))  # (B * T, in)
-            out = _PaddedRowsLinear.apply(rows, self.weight, self.bias, int(padded_length(rows.size(0), self.row_multiple)))
+            out = self.padded(rows)[: rows.size(0)]
             return out.view(*x.shape[:-1], out.size(-1))
         return super().forward(x)
 
+    def padded(self, rows: Tensor) -> Tensor:
+        """The bf16 product over `rows` (n, in) padded to the bucket: (padded n, out), of which
+        the first n rows are the result. Layers that only act row by row (ReLU, dropout) can
+        work on the padded rows and hand them to the next `padded` without a new copy: the
+        padded rows' values do not matter, since the gradient flowing back into them is zero
+        (the caller slices the final output to n rows)."""
+        return _PaddedRowsLinear.apply(rows, self.weight, self.bias, int(padded_length(rows.size(0), self.row_multiple)))
+
 
 class _PaddedRowsLinear(torch.autograd.Function):
-    """x @ W^T + b in bf16 over x's n rows padded with zeros to `rows`; returns the first n rows.
+    """x @ W^T + b in bf16 over x's n rows padded with zeros to `rows` (x as it is when it
+    already has `rows` bf16 rows); returns all `rows` rows of the result.
 
     Gradients are those of autocast's linear (products in bf16, weight gradient returned in
-    fp32), with the padded rows of the output gradient set to zero; the bias gradient is summed
-    in fp32.
+    fp32), given an output gradient that is zero in the padded rows; the bias gradient is
+    summed in fp32.
     """
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, rows: int) -> Tensor:
-        n = x.size(0)
         with torch.autocast("cpu", enabled=False):
-            xb = zero_padded_rows(x, rows, torch.bfloat16)  # the cast autocast would make, into a padded buffer
+            xb = rows_in_bucket(x, rows, torch.bfloat16)  # the cast autocast would make, into a padded buffer
             w = weight.to(torch.bfloat16)
             out = F.linear(xb, w, None if bias is None else bias.to(torch.bfloat16))  # (rows, out)
         ctx.save_for_backward(xb, w)
-        ctx.n, ctx.x_dtype, ctx.has_bias = n, x.dtype, bias is not None
-        return out[:n]
+        ctx.n, ctx.x_dtype, ctx.has_bias = x.size(0), x.dtype, bias is not None
+        return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         xb, w = ctx.saved_tensors
-        n = ctx.n
         with torch.autocast("cpu", enabled=False):
-            g = zero_padded_rows(grad_out, xb.size(0), torch.bfloat16)  # (rows, out), zeros below n
-            grad_x = (g @ w)[:n].to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
+            g = rows_in_bucket(grad_out, xb.size(0), torch.bfloat16)  # (rows, out), zeros below the caller's rows
+            grad_x = (g @ w)[: ctx.n].to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
             grad_w = (g.t() @ xb).float() if ctx.needs_input_grad[1] else None
             grad_b = grad_out.sum(0, dtype=torch.float32) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_b, None
+
+
+def rows_in_bucket(x: Tensor, rows: int, dtype: torch.dtype) -> Tensor:
+    """x itself when it already is (rows, d) in `dtype` (its rows past the caller's were padded
+    before), else `zero_padded_rows(x, rows, dtype)`."""
+    if x.size(0) == rows and x.dtype == dtype and x.is_contiguous():
+        return x
+    return zero_padded_rows(x, rows, dtype)
 
 
 def zero_padded_rows(x: Tensor, rows: int, dtype: torch.dtype) -> Tensor:

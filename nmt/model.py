@@ -14,8 +14,8 @@ default and fairseq's `--encoder-normalize-before`.
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
-from typing import NamedTuple, Optional
+from contextlib import contextmanager, nullcontext
+from typing import Iterator, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nmt.gemm_rows import BucketedLinear
+from nmt.layer_norm import OutputSavingLayerNorm
 from nmt.model_config import TransformerConfig
 from nmt.tokenizer import PAD_ID
 
@@ -44,15 +45,50 @@ def attend(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, 
 
     On CPU, bf16/fp16 inputs are attended in fp32: PyTorch's CPU flash-attention backward in
     bf16 runs 3-5x slower than in fp32 (measured on AMX and AVX512-BF16 Xeons, torch 2.13),
-    and it dominated a bf16 training step. The projections around it stay in bf16.
+    and it dominated a bf16 training step. The projections around it stay in bf16. For the
+    backward, the attention keeps q, k and v as they came, in bf16, and casts them again there
+    (exactly, so the gradients are unchanged): their fp32 copies, which it would otherwise keep,
+    were 98 of the 365 MiB a `small` bf16 step at 4096 tokens kept for its backward.
     """
     if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16):
-        with torch.autocast("cpu", enabled=False):
-            out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=attn_mask,
-                                                 dropout_p=dropout_p, is_causal=is_causal)
+        q32, k32, v32 = q.float(), k.float(), v.float()
+        with torch.autocast("cpu", enabled=False), _keep_as_cast_from(((q32, q), (k32, k), (v32, v))):
+            out = F.scaled_dot_product_attention(q32, k32, v32, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
         return out.to(q.dtype)
     with sdpa_kernel(GPU_ATTENTION_BACKENDS) if q.device.type == "cuda" else nullcontext():
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+
+
+@contextmanager
+def _keep_as_cast_from(casts: tuple[tuple[Tensor, Tensor], ...]) -> Iterator[None]:
+    """Saved-tensor hooks under which autograd keeps the source of a cast `(copy, source)`
+    instead of the copy whenever it saves the copy, and casts it again when the backward
+    needs it. Up-casts (bf16 -> fp32) are exact, so the backward sees the same numbers.
+
+    Autograd keeps both hooks as long as it keeps what they saved, so they refer to the
+    copies by id only (and only while this context is open): a reference would keep them alive.
+    """
+    sources = {id(copy): source for copy, source in casts}
+
+    def pack(t: Tensor) -> object:
+        source = sources.get(id(t))
+        return t if source is None else _CastAgain(source, t.dtype)
+
+    def unpack(packed: object) -> Tensor:
+        return packed.source.to(packed.dtype) if isinstance(packed, _CastAgain) else packed
+
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            yield
+    finally:
+        sources.clear()
+
+
+class _CastAgain(NamedTuple):
+    """A saved tensor kept as the source it was cast from (`_keep_as_cast_from`)."""
+
+    source: Tensor
+    dtype: torch.dtype
 
 
 GPU_ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -263,6 +299,12 @@ class FeedForward(nn.Module):
             nn.init.zeros_(lin.bias)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.fc1.pads(x):
+            # Bucketed bf16 rows (`nmt.gemm_rows`): the (rows x d_ff) activation stays padded
+            # from fc1 to fc2, so it is neither copied nor kept twice (ReLU's and fc2's).
+            rows = x.reshape(-1, x.size(-1))
+            h = relu_dropout(self.fc1.padded(rows), self.relu_dropout, self.training)
+            return self.fc2.padded(h)[: rows.size(0)].view(x.shape)
         return self.fc2(relu_dropout(self.fc1(x), self.relu_dropout, self.training))
 
 
@@ -271,7 +313,10 @@ class Residual(nn.Module):
 
     def __init__(self, d_model: int, dropout: float, pre_ln: bool):
         super().__init__()
-        self.norm, self.dropout, self.pre_ln = nn.LayerNorm(d_model), dropout, pre_ln
+        # Post-LN keeps the norm's output for the next product anyway; its backward can work
+        # from that (`nmt.layer_norm`). Pre-LN's norm output is not kept, so it keeps the input.
+        self.norm = nn.LayerNorm(d_model) if pre_ln else OutputSavingLayerNorm(d_model)
+        self.dropout, self.pre_ln = dropout, pre_ln
 
     def forward(self, x: Tensor, sublayer) -> Tensor:
         if self.pre_ln:

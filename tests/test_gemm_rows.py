@@ -11,6 +11,7 @@ from nmt.distributed import DistContext
 from nmt.engine import TrainEngine
 from nmt.gemm_rows import BucketedLinear
 from nmt.loss import ProjectedLogits, label_smoothed_nll_loss
+from nmt.model import FeedForward, attend
 from nmt.model_config import build_config
 from test_engine import make_batch  # tests/ is on pytest's path
 
@@ -82,3 +83,52 @@ def test_bf16_training_on_cpu_multiplies_one_set_of_shapes_whatever_the_batch():
     first = product_shapes(make_batch(1, n=3, src_len=5, tgt_len=4))
     second = product_shapes(make_batch(2, n=4, src_len=7, tgt_len=6))
     assert first and first == second
+
+
+def _ffn_and_grads(ffn, x: torch.Tensor, g: torch.Tensor):
+    x = x.clone().requires_grad_(True)
+    ffn.zero_grad(set_to_none=True)
+    saved = []
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(
+            lambda t: saved.append(t) or t, lambda t: t):
+        y = ffn(x)
+    (y.float() * g).sum().backward()
+    d_ff = ffn.fc1.out_features
+    wide = {t.untyped_storage().data_ptr() for t in saved if t.size(-1) == d_ff and t.numel() >= x.size(0) * x.size(1) * d_ff}
+    return y.detach(), x.grad, ffn.fc1.weight.grad, ffn.fc2.weight.grad, len(wide)
+
+
+def test_bucketed_feed_forward_keeps_one_wide_activation_and_autocast_s_numbers():
+    """The (rows x d_ff) activation stays padded from fc1 to fc2: kept once for the backward
+    (ReLU's and fc2's), where copying it into fc2's own padded buffer kept it twice."""
+    torch.manual_seed(0)
+    bucketed, plain = FeedForward(16, 64, 0.0), FeedForward(16, 64, 0.0)
+    plain.load_state_dict(bucketed.state_dict())
+    for lin in (bucketed.fc1, bucketed.fc2):
+        lin.row_multiple = 32  # 3 x 7 = 21 rows padded to 32
+    x, g = torch.randn(3, 7, 16), torch.randn(3, 7, 16)
+    y, gx, gw1, gw2, wide = _ffn_and_grads(bucketed, x, g)
+    ry, rgx, rgw1, rgw2, _ = _ffn_and_grads(plain, x, g)
+    assert torch.equal(y, ry)
+    assert torch.equal(gx, rgx) and torch.equal(gw1, rgw1) and torch.equal(gw2, rgw2)
+    assert wide == 1
+
+
+def test_cpu_bf16_attention_keeps_q_k_v_in_bf16_for_the_backward_with_the_same_gradients():
+    """Attention runs in fp32 on CPU; its fp32 copies of q, k, v are not kept for the backward
+    (cast again there from the bf16 inputs), and the gradients are unchanged."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 5, 8).bfloat16().requires_grad_(True) for _ in range(3))
+    mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    mask[1, ..., 3:] = False
+    out = attend(q, k, v, attn_mask=mask)
+    node = out.grad_fn.next_functions[0][0]  # the attention's own backward, behind the cast to bf16
+    assert node._saved_query.dtype == torch.float32
+    assert node._saved_query.data_ptr() != node._saved_query.data_ptr()  # made anew on each use, not kept
+    g = torch.randn(out.shape)
+    grads = torch.autograd.grad((out.float() * g).sum(), (q, k, v))
+    q2, k2, v2 = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    ref = F.scaled_dot_product_attention(q2.float(), k2.float(), v2.float(), attn_mask=mask).to(torch.bfloat16)
+    assert torch.equal(out, ref)
+    ref_grads = torch.autograd.grad((ref.float() * g).sum(), (q2, k2, v2))
+    assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
