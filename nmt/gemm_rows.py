@@ -9,7 +9,7 @@ those shapes never come back, and it costs memory (primitive cache of 64: peak R
 
 `BucketedLinear` therefore multiplies a training batch's rows padded up to a multiple of
 `row_multiple` (zeros, sliced off the result, and zeros in the gradient, so they change no
-product; only the bias gradient differs, summed in fp32 where autocast sums in bf16). The
+product: output and gradients are autocast's, bit for bit, the bias gradient included). The
 trainer sets it to --max-tokens, which bounds a batch's rows, and the loss pads its short
 chunks too: every update then multiplies the same 18 shapes, built in the first update and
 found in oneDNN's cache afterwards (kernels built over 30 updates: 990 -> 18, 45 ms in all).
@@ -61,8 +61,10 @@ class _PaddedRowsLinear(torch.autograd.Function):
     already has `rows` bf16 rows); returns all `rows` rows of the result.
 
     Gradients are those of autocast's linear (products in bf16, weight gradient returned in
-    fp32), given an output gradient that is zero in the padded rows; the bias gradient is
-    summed in fp32.
+    fp32), given an output gradient that is zero in the padded rows. The bias gradient is
+    summed as autocast sums it, in bf16 (fp32 accumulation, rounded once), to the precision
+    of the weight gradient's bf16 product: an fp32 result from bf16 rows took 2.2 ms per
+    (4096, 1024) gradient against 0.44, about 30 ms of a 500 ms `small` update.
     """
 
     @staticmethod
@@ -82,7 +84,7 @@ class _PaddedRowsLinear(torch.autograd.Function):
             g = rows_in_bucket(grad_out, xb.size(0), torch.bfloat16)  # (rows, out), zeros below the caller's rows
             grad_x = (g @ w)[: ctx.n].to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
             grad_w = (g.t() @ xb).float() if ctx.needs_input_grad[1] else None
-            grad_b = grad_out.sum(0, dtype=torch.float32) if ctx.has_bias and ctx.needs_input_grad[2] else None
+            grad_b = g.sum(0).float() if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_b, None
 
 
