@@ -365,7 +365,9 @@ def test_batched_search_equals_a_plain_reference_on_real_sentences(trained_tiny_
 @pytest.mark.parametrize("n_models", [1, 2])
 def test_projecting_a_few_rows_at_a_time_gives_the_same_search(monkeypatch, n_models):
     """The vocabulary projection runs in blocks of rows on CPU so that a batch's (rows, V)
-    logits never exist at once; blocks of 3 rows must find what one block finds."""
+    logits never exist at once; blocks of 3 rows must find what one block finds. Scores agree
+    to float tolerance, not bit for bit: BLAS picks its kernel by the number of rows, and on
+    some CPUs (AMD Zen 4) a 3-row product sums in another order than a 20-row one."""
     import nmt.beam_search as search
 
     vocab = 30
@@ -377,4 +379,5 @@ def test_projecting_a_few_rows_at_a_time_gives_the_same_search(monkeypatch, n_mo
     monkeypatch.setattr(search, "LOGIT_BLOCK_ELEMENTS", 3 * vocab)
     blocks = beam_search(models, src, cfg)
     assert [[h.tokens for h in hyps] for hyps in blocks] == [[h.tokens for h in hyps] for hyps in whole]
-    assert [[h.score for h in hyps] for hyps in blocks] == [[h.score for h in hyps] for hyps in whole]
+    for got, want in zip(blocks, whole):
+        assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-5)
