@@ -69,7 +69,8 @@ def resolve_amp(amp: str, device: torch.device) -> str:
     """`auto` -> bf16 on a GPU that supports it and on a CPU with bf16 matrix units, else none.
 
     On CPUs with AVX512-BF16/AMX, bf16 autocast trained the recipe's models 1.1-1.6x faster
-    than fp32 (`small` 1.7-1.8x since its products keep one set of shapes, `nmt.gemm_rows`),
+    than fp32 (`small` 1.7-1.9x on AMX since its products keep one set of shapes, `nmt.gemm_rows`;
+    1.4-1.6x on a Zen 4, whose AVX512-BF16 products run only 2.2x fp32's),
     with per-update losses within 0.002 bits over the first 200 updates and the same
     validation curve (README, "Precision"); elsewhere fp32, the paper's precision.
     """
