@@ -16,8 +16,9 @@ def register(app: typer.Typer) -> None:
         from nmt.errors import NmtError
         from nmt.tokenizer import SPECIAL_TOKENS
 
-        if vocab_size <= len(SPECIAL_TOKENS):
-            raise NmtError(f"--vocab-size must be more than the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
+        from nmt.ranges import Range, check_value
+
+        check_value("vocab_size", vocab_size, Range(len(SPECIAL_TOKENS) + 1, 10_000_000))
         from rich.console import Console
         from rich.table import Table
 

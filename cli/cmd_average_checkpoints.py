@@ -25,10 +25,14 @@ def register(app: typer.Typer) -> None:
         max_span: Annotated[float, typer.Option("--max-span", help="Warn (stderr) when the checkpoints averaged span more than this share of training, in updates: the paper's windows are under 10%.")] = 0.25,
     ) -> None:
         """Average the parameters of several checkpoints into checkpoint_avg.pt."""
-        from nmt.average import average_into, last_checkpoint_infos, span_warning
+        from nmt.average import average_into, distinct_files, last_checkpoint_infos, span_warning
         from nmt.errors import NmtError
         from nmt.rundir import RunDir, resolve_run_dir
 
+        from nmt.ranges import POSITIVE, Range, check_value
+
+        check_value("last", last, POSITIVE)
+        check_value("max_span", max_span, Range(0.0, 1.0))
         rd = RunDir(resolve_run_dir(run_dir))
         if ctx.args:
             if not inputs:
@@ -37,14 +41,17 @@ def register(app: typer.Typer) -> None:
         if (last is None) == (not inputs):
             raise NmtError("say which checkpoints to average: --last N (from the run directory) or --inputs A.pt B.pt ..., not both")
         picked = [] if inputs else last_checkpoint_infos(rd.checkpoint_dir, last, kind)
-        paths = list(inputs) if inputs else [c.path for c in picked]
+        paths, again = distinct_files(list(inputs)) if inputs else ([c.path for c in picked], [])
         output = output or rd.checkpoint_dir / "checkpoint_avg.pt"
         averaged = average_into(rd, paths, output,
                                 warn=lambda message: print(f"nmt average-checkpoints: warning: {message}", file=sys.stderr))
         # Reported after the fact, so that a refusal stays the only line on stderr.
+        if again:
+            same = "; ".join(f"{name} is {earlier}" for name, earlier in again)
+            print(f"nmt average-checkpoints: note: one file under two names counts once ({same})", file=sys.stderr)
         updates = ", ".join(str(u) for u in averaged["averaged_updates"] if u is not None)
         print(f"averaged {len(paths)} checkpoints ({', '.join(averaged['averaged_from'])}"
               + (f"; updates {updates}" if updates else "") + f") into {output}", file=sys.stderr)
-        warning = span_warning(picked, max_span)
+        warning = span_warning([c.update for c in picked] if picked else averaged["averaged_updates"], max_span)
         if warning:
             print(warning, file=sys.stderr)

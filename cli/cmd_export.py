@@ -13,8 +13,11 @@ from nmt_cli.common import RunDirOption
 HELP = (
     "Write the run's model as a CTranslate2 model directory (model.bin, config.json, the vocabulary, the run's "
     "tokenizer and nmt_export.json), built through CTranslate2's own specs API (pip install 'nmt\\[ct2]'). "
-    "Decode it with `nmt translate --engine ctranslate2 --ct2-model DIR`, or without nmt: "
-    "ctranslate2.Translator(DIR).translate_batch(pieces, return_end_token=True, length_penalty=0.6)."
+    # The search flags are needed: CTranslate2 has only fairseq's beam rule and the |Y|^alpha penalty.
+    "Decode it with `nmt translate -r RUN --engine ctranslate2 --ct2-model DIR --beam-style fairseq --lenpen-style avg`, "
+    "or without nmt, with pieces from DIR's tokenizer: "
+    "`ctranslate2.Translator(DIR).translate_batch(\\[pieces], beam_size=4, length_penalty=0.6, return_end_token=True, "
+    "max_decoding_length=len(pieces) + 51)` (nmt's defaults: beam 4, alpha 0.6, at most |X| + 50 tokens and eos)."
 )
 
 
@@ -28,7 +31,7 @@ def register(app: typer.Typer) -> None:
                                                           help="Checkpoint file (or a name in RUN/checkpoints); default: avg, else best, else last.")] = None,
         quantization: Annotated[Optional[str], typer.Option("--quantization", show_default=False,
                                                             help="Store weights as int8, int8_float32, float16 or bfloat16 (default: float32).")] = None,
-        force: Annotated[bool, typer.Option("--force", help="Replace an existing output directory.")] = False,
+        force: Annotated[bool, typer.Option("--force", help="Replace an earlier export at --output; never anything else (a run directory, a folder nmt did not write).")] = False,
     ) -> None:
         from nmt.errors import NmtError
         from nmt.export_ctranslate2 import export_ctranslate2

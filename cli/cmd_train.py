@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Any
 
 import typer
@@ -54,7 +55,8 @@ def register(app: typer.Typer) -> None:
 
         ctx = kwargs.pop("ctx")
         run_dir = resolve_run_dir(kwargs.pop("run_dir"))
-        refuse_if_held(run_dir)  # before the slow imports below
+        if os.environ.get("RANK", "0") == "0":  # torchrun's other ranks write nothing, and rank 0 may hold it
+            refuse_if_held(run_dir)  # before the slow imports below
         kwargs["max_time"] = parse_duration(kwargs["max_time"]) if kwargs.get("max_time") else 0.0
         # The flags typed on this command line: on a resume only these may change the run's record.
         given = {name for name in kwargs

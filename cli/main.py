@@ -67,12 +67,24 @@ def _fail(message: str, status: int) -> None:
     sys.exit(status)
 
 
+USAGE_ERROR: type[Exception] = typer.BadParameter.__bases__[0]
+"""click's UsageError, whichever click typer runs on (recent typer vendors its own copy)."""
+
+
 def main() -> None:
     """Console script: run the app; a user error is one line on stderr and exit status 1,
     Ctrl-C is "nmt: interrupted" and exit status 130."""
     try:
         try:
-            app()
+            code = app(standalone_mode=False)
+            sys.exit(code if isinstance(code, int) else 0)
+        except USAGE_ERROR as e:  # a value that does not parse, an unknown option: one line too
+            command = e.ctx.command_path if e.ctx else "nmt"
+            if not e.format_message():  # `nmt` alone: its help was the answer
+                sys.exit(e.exit_code)
+            _fail(f"nmt: error: {' '.join(e.format_message().split())} (see '{command} -h')", e.exit_code)
+        except typer.Abort:
+            raise KeyboardInterrupt from None
         except SystemExit as e:
             if e.code in (0, None):
                 if not sys.stdout.closed:

@@ -10,16 +10,21 @@ accepted as a keyword, so a flag added to `nmt translate` is a keyword here too.
 from __future__ import annotations
 
 import copy
+import numbers
+import os
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Sequence, Union, overload
 
+from nmt.errors import NmtError
 from nmt.rundir import RunDir
 from nmt.translate import Translation, Translator, buffers, load_translator
 from nmt.translate_config import SearchConfig, TranslateConfig
 
 SEARCH_FIELDS = frozenset(f.name for f in fields(SearchConfig))
 TRANSLATE_FIELDS = frozenset(f.name for f in fields(TranslateConfig))
+FIELD_TYPES = {f.name: f.type for f in fields(SearchConfig) + fields(TranslateConfig)}
+"""Each setting's type as the dataclasses write it ("int", "float", "str")."""
 
 
 class Model:
@@ -83,7 +88,7 @@ class Model:
                             f"use any of {', '.join(sorted(SEARCH_FIELDS))}")
         if not search:
             return self.translator
-        wanted = replace(self.translator.search, **search)
+        wanted = replace(self.translator.search, **_checked_types(search))
         key = tuple(sorted(vars(wanted).items()))
         if key not in self._by_search:
             wanted.validate()
@@ -108,6 +113,24 @@ def _checked_lines(text: Any) -> list[str]:
     return list(text)
 
 
+_EXPECTED = {"int": (numbers.Integral, int, "an int"), "float": (numbers.Real, float, "a number"),
+             "str": ((str, os.PathLike), os.fspath, "a str")}
+
+
+def _checked_types(settings: dict[str, Any]) -> dict[str, Any]:
+    """`settings` as plain int, float and str (numpy numbers, an int where a float goes and a
+    path where a str goes are fine), or an NmtError naming the setting: a wrong type (None, a
+    list) would fail deep in the search, and numpy numbers would be refused by validate."""
+    checked = dict(settings)
+    for name, value in settings.items():
+        if FIELD_TYPES[name] in _EXPECTED:
+            kind, make, wanted = _EXPECTED[FIELD_TYPES[name]]
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise NmtError(f"{name} must be {wanted}, not {type(value).__name__} {value!r:.40}")
+            checked[name] = make(value)
+    return checked
+
+
 def load(run_dir: Union[str, Path], checkpoint: Union[None, str, Path, Sequence[Union[str, Path]]] = None,
          **settings: Any) -> Model:
     """See `nmt.load`."""
@@ -115,6 +138,7 @@ def load(run_dir: Union[str, Path], checkpoint: Union[None, str, Path, Sequence[
     if unknown:
         raise TypeError(f"unknown setting(s) {', '.join(sorted(unknown))}; "
                         f"use any of {', '.join(sorted(SEARCH_FIELDS | TRANSLATE_FIELDS))}")
+    settings = _checked_types(settings)
     search = SearchConfig(**{k: v for k, v in settings.items() if k in SEARCH_FIELDS})
     cfg = TranslateConfig(**{k: v for k, v in settings.items() if k in TRANSLATE_FIELDS})
     if checkpoint is None:

@@ -24,6 +24,7 @@ from nmt.checkpoint import CHECKPOINT_VERSION, load_checkpoint, save_checkpoint
 from nmt.errors import NmtError
 from nmt.model_config import architecture
 from nmt.identity import IDENTITY_KEY, check_identity, checkpoint_identity, identity_difference, run_identity
+from nmt.replace import check_replaceable
 from nmt.rundir import RunDir
 from nmt.runlock import RunLock, command_line
 
@@ -122,20 +123,46 @@ def last_checkpoint_infos(checkpoint_dir: str | os.PathLike, n: int, kind: str =
     return candidates[-n:]
 
 
-def span_warning(picked: Sequence[CheckpointInfo], max_share: float) -> Optional[str]:
-    """A warning when the averaged checkpoints span more than `max_share` of training.
+def distinct_files(paths: Sequence[Path]) -> tuple[list[Path], list[tuple[Path, Path]]]:
+    """`paths` with each file once, and (name, earlier name) for each name of a file listed before.
+
+    One file can have two names: checkpoint_last.pt is a hard link to the newest numbered
+    checkpoint (`nmt.checkpoints_dir`), so `--inputs checkpoint_3_900.pt checkpoint_last.pt`
+    would weight one model twice. Files are told apart by (device, inode), not by name.
+    """
+    kept: list[Path] = []
+    again: list[tuple[Path, Path]] = []
+    seen: dict[tuple[int, int], Path] = {}
+    for path in paths:
+        try:
+            st = path.stat()
+        except OSError:  # missing: load_checkpoint says so when it gets there
+            kept.append(path)
+            continue
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            again.append((path, seen[key]))
+        else:
+            seen[key] = path
+            kept.append(path)
+    return kept, again
+
+
+def span_warning(updates: Sequence[Optional[int]], max_share: float) -> Optional[str]:
+    """A warning when the averaged checkpoints (their `updates`) span more than `max_share` of training.
 
     The paper averages a window of recent training (the last 5 or 20 ten-minute checkpoints of
     a 12-hour or 3.5-day run: under 10% of it). A window that reaches far back mixes an early
     model with the final one, which costs BLEU without any other sign.
     """
-    updates = [c.update for c in picked if c.update is not None]
+    n = len(updates)
+    updates = [u for u in updates if u is not None]
     if len(updates) < 2 or max(updates) <= 0:
         return None
     share = (max(updates) - min(updates)) / max(updates)
     if share <= max_share:
         return None
-    return (f"warning: the {len(picked)} checkpoints averaged span updates {min(updates)}-{max(updates)}, "
+    return (f"warning: the {n} checkpoints averaged span updates {min(updates)}-{max(updates)}, "
             f"{share:.0%} of training (more than {max_share:.0%}): an early model is mixed with the final one; "
             f"save checkpoints more often (--save-interval-minutes/--save-interval-updates) or average fewer")
 
@@ -159,14 +186,24 @@ def _check_same_model(first: Path, config: dict[str, Any], shapes: dict[str, tup
             )
 
 
+def _is_average(path: Path) -> bool:
+    """Whether `path` is a checkpoint that averaging wrote (only those name what they average)."""
+    try:
+        return "averaged_from" in load_checkpoint(path, mmap=True)
+    except NmtError:
+        return False
+
+
 def check_output(output: Path) -> None:
-    """Refuse an output that is a folder, or a file that training owns in a checkpoints folder
-    (the next `nmt train` would resume from the average, or overwrite it)."""
+    """Refuse an output that is a folder, a file that training owns in a checkpoints folder
+    (the next `nmt train` would resume from the average, or overwrite it), or an existing file
+    that is not an earlier average (`nmt.replace`: nmt replaces only what it wrote)."""
     check_file_target(output, "-o", "checkpoint_avg.pt")
     owned = output.name in TRAINING_NAMES or EPOCH_NAME.match(output.name) or UPDATE_NAME.match(output.name)
     if owned and output.absolute().parent.name == "checkpoints":
         raise NmtError(f"-o {output} is a file that `nmt train` writes and resumes from; "
                        f"write the average elsewhere, e.g. {output.parent / 'checkpoint_avg.pt'}")
+    check_replaceable(output, "-o", "an earlier average (a checkpoint that `nmt average-checkpoints` wrote)", _is_average)
 
 
 def owning_run_dir(output: Path, rd: RunDir) -> Optional[RunDir]:
@@ -235,8 +272,9 @@ def average_checkpoints(paths: Sequence[str | os.PathLike], output: str | os.Pat
     paths = [Path(p) for p in paths]
     if not paths:
         raise NmtError("nothing to average; pass --last N or --inputs A.pt B.pt ...")
-    if len({p.resolve() for p in paths}) != len(paths):
-        raise NmtError(f"the same checkpoint is listed twice in {', '.join(map(str, paths))}; each counts once")
+    again = distinct_files(paths)[1]
+    if again:
+        raise NmtError(f"{again[0][0]} and {again[0][1]} are one file, listed twice; list each checkpoint once")
     output = Path(output)
 
     first = paths[0]

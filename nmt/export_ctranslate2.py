@@ -16,21 +16,31 @@ What has to be said explicitly, because CTranslate2's defaults differ from nmt:
   * special tokens: the decoder starts from bos (<s>), and the source gets eos (</s>)
     appended, as nmt's batches do (`decoder_start_token`, `add_source_eos`);
   * post-LN layers unless the run was trained with --pre-ln; sqrt(d_model)-scaled embeddings.
+
+nmt_export.json also carries the run's vocabulary identity (`nmt.identity`): token ids are
+only meaningful with the vocabulary they were trained with, and sizes alone do not tell two
+vocabularies apart, so both the export and whoever loads it (`read_export_record`) check it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from nmt.errors import NmtError
+from nmt.replace import check_replaceable, holds_only
 from nmt.tokenizer import BOS_ID, EOS_ID, UNK_ID
 
 QUANTIZATIONS = ("int8", "int8_float32", "float16", "bfloat16")
 EXPORT_RECORD = "nmt_export.json"
+RECORD_FIELDS = ("format", "checkpoint", "source_lang", "target_lang", "tokenizer", "identity", "max_positions")
+CT2_FILES = ("model.bin", "config.json", "shared_vocabulary.json", "source_vocabulary.json", "target_vocabulary.json")
+"""What CTranslate2's converter writes into a model directory (specs.ModelSpec.save)."""
 
 
 def import_ctranslate2() -> Any:
@@ -39,6 +49,42 @@ def import_ctranslate2() -> Any:
     except ImportError:
         raise NmtError("CTranslate2 is not installed; install it with `pip install 'nmt[ct2]'` (or `make install`)") from None
     return ctranslate2
+
+
+def read_export_record(model_dir: str | Path) -> dict[str, Any]:
+    """DIR/nmt_export.json, checked for the fields nmt reads; anything else is one line that
+    says to export again."""
+    path = Path(model_dir) / EXPORT_RECORD
+    if not path.is_file():
+        raise NmtError(f"{model_dir} is not a model written by `nmt export --format ctranslate2` (no {EXPORT_RECORD})")
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise NmtError(f"cannot read {path} ({e}); export the model again with `nmt export`") from None
+    missing = [field for field in RECORD_FIELDS if not isinstance(record, dict) or field not in record]
+    if missing:
+        raise NmtError(f"{path} lacks {', '.join(missing)} (written by an older nmt, or damaged); "
+                       f"export the model again with `nmt export`")
+    try:  # the entries read later, read here once
+        identity = record["identity"]
+        for side in ("source_lang", "target_lang"):
+            identity["vocab_sha256"][identity[side]]
+        int(record["max_positions"])
+    except (TypeError, KeyError, ValueError):
+        raise NmtError(f"{path} is damaged (identity or max_positions); export the model again with `nmt export`") from None
+    return record
+
+
+def is_export(folder: Path) -> bool:
+    """Whether `folder` is an earlier export: its nmt_export.json and only the files an export
+    writes. Exports of older nmt versions count too (their record may lack fields)."""
+    try:
+        record = json.loads((folder / EXPORT_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    tokenizers = record.get("tokenizer") if isinstance(record, dict) else None
+    names = {EXPORT_RECORD, *CT2_FILES, *map(str, tokenizers.values() if isinstance(tokenizers, dict) else ())}
+    return holds_only(folder, lambda name: name in names)
 
 
 def vocabulary_tokens(tokenizer: Any) -> list[str]:
@@ -108,34 +154,45 @@ def _fill_spec(model: Any, src_tokens: list[str], tgt_tokens: list[str]) -> Any:
     return spec
 
 
+def _warn(message: str) -> None:
+    print(f"nmt export: warning: {message}", file=sys.stderr)
+
+
 def export_ctranslate2(run_dir: str | Path, output: str | Path, checkpoint: Optional[str | Path] = None,
-                       quantization: Optional[str] = None, force: bool = False) -> Path:
+                       quantization: Optional[str] = None, force: bool = False,
+                       warn: Callable[[str], None] = _warn) -> Path:
     """Write the run's model (its default checkpoint unless `checkpoint`) to `output`.
 
-    The directory appears whole or not at all: it is built beside `output` and renamed.
+    The directory appears whole or not at all: it is built beside `output` and renamed. With
+    `force`, an earlier export at `output` is replaced, and nothing else (`nmt.replace`).
+    A checkpoint trained with another vocabulary than the run's is refused (`nmt.identity`).
     """
+    output = Path(output)
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise NmtError(f"unknown --quantization {quantization!r}; choose one of {', '.join(QUANTIZATIONS)}")
+    if os.path.lexists(output) and not force:
+        raise NmtError(f"{output} already exists; remove it or pass --force to replace it")
+    what = f"an earlier export (a folder holding {EXPORT_RECORD} and only the files an export writes)"
+    check_replaceable(output, "-o", what, is_export)  # before any work, so a refusal costs nothing
+
     import torch
 
+    from nmt.checkpoint import load_checkpoint
+    from nmt.identity import check_identity, checkpoint_identity, run_identity
     from nmt.rundir import RunDir
     from nmt.tokenizer import load_tokenizer
     from nmt.translate import default_checkpoint, load_model, resolve_checkpoint
 
     ctranslate2 = import_ctranslate2()
-    if quantization is not None and quantization not in QUANTIZATIONS:
-        raise NmtError(f"unknown --quantization {quantization!r}; choose one of {', '.join(QUANTIZATIONS)}")
-    output = Path(output)
-    if output.exists() and not force:
-        raise NmtError(f"{output} already exists; remove it or pass --force to replace it")
     run = RunDir(Path(run_dir))
     record = run.read_record("preprocess")
     src_lang, tgt_lang = record["source_lang"], record["target_lang"]
+    identity = run_identity(run)
     path = resolve_checkpoint(run, checkpoint) if checkpoint is not None else default_checkpoint(run)
+    check_identity(checkpoint_identity(load_checkpoint(path, mmap=True)), identity, f"checkpoint {path}", warn)
     model = load_model(path, torch.device("cpu"), torch.float32)
     vocab_files = {lang: run.root / record["vocab"][lang] for lang in (src_lang, tgt_lang)}
     src_tok, tgt_tok = (load_tokenizer(vocab_files[lang], num_threads=1) for lang in (src_lang, tgt_lang))
-    for side, size, tok in (("source", model.cfg.src_vocab_size, src_tok), ("target", model.cfg.tgt_vocab_size, tgt_tok)):
-        if size != tok.vocab_size:
-            raise NmtError(f"checkpoint {path} has a {side} vocabulary of {size} pieces but the run's has {tok.vocab_size}")
     spec = _fill_spec(model, vocabulary_tokens(src_tok), vocabulary_tokens(tgt_tok))
 
     class _NmtConverter(ctranslate2.converters.Converter):
@@ -152,12 +209,12 @@ def export_ctranslate2(run_dir: str | Path, output: str | Path, checkpoint: Opti
             shutil.copyfile(file, built / name)
             tokenizer_files[lang] = name
         (built / EXPORT_RECORD).write_text(json.dumps({
-            "format": "ctranslate2", "checkpoint": str(path), "source_lang": src_lang, "target_lang": tgt_lang,
+            "format": "ctranslate2", "checkpoint": str(path.resolve()), "source_lang": src_lang, "target_lang": tgt_lang,
             "tokenizer": tokenizer_files, "moses": bool(record.get("moses")), "quantization": quantization,
-            "max_positions": model.cfg.max_positions,
+            "max_positions": model.cfg.max_positions, "identity": identity,
         }, indent=2) + "\n", encoding="utf-8")
-        if output.exists():
-            shutil.rmtree(output)
+        if os.path.lexists(output):  # checked above: an earlier export; it goes with the staging folder
+            os.rename(output, staging / "replaced")
         built.rename(output)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

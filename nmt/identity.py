@@ -11,7 +11,8 @@ vocabulary itself:
 
 `nmt preprocess` records the hashes in config/preprocess.json; runs preprocessed before that
 hash their vocabularies on demand. Training stores the identity in every checkpoint under
-"identity". Checkpoints written before identities existed carry only sizes (in their model
+"identity", and `nmt export` in nmt_export.json (checked by `translate --engine ctranslate2`).
+Checkpoints written before identities existed carry only sizes (in their model
 configuration): those are compared and a warning says the vocabulary itself could not be.
 """
 
@@ -35,8 +36,13 @@ def vocab_sha256(path: Path) -> str:
     """
     from nmt.tokenizer import load_tokenizer
 
+    return tokenizer_sha256(load_tokenizer(path, num_threads=1))
+
+
+def tokenizer_sha256(tokenizer: Any) -> str:
+    """`vocab_sha256` of a loaded tokenizer (an `nmt.tokenizer.Tokenizer`)."""
     h = hashlib.sha256()
-    for piece in load_tokenizer(path, num_threads=1).pieces():
+    for piece in tokenizer.pieces():
         h.update(piece.encode("utf-8") + b"\n")
     return h.hexdigest()
 

@@ -6,9 +6,10 @@ fields quickly; `nmt.model` builds the network from them.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from nmt.errors import NmtError
+from nmt.ranges import FRACTION, POSITIVE, Range, check_ranges
 
 
 def _f(default: Any, help: str) -> Any:
@@ -34,7 +35,18 @@ class TransformerConfig:
     share_decoder_input_output_embed: bool = _f(True, "Tie target embeddings and the pre-softmax projection (implied by share_all_embeddings).")
     pre_ln: bool = _f(False, "LayerNorm before each sublayer instead of after the residual sum (t2t's later default); the paper is post-LN.")
 
+    RANGES: ClassVar[dict[str, Range]] = {
+        "src_vocab_size": POSITIVE, "tgt_vocab_size": POSITIVE,
+        # Far above the paper's big model (1024, 4096, 16 heads, 6 layers): beyond, a typo, not a model.
+        "d_model": Range(1, 2**15), "d_ff": Range(1, 2**18), "n_heads": Range(1, 1024),
+        "encoder_layers": Range(1, 1024), "decoder_layers": Range(1, 1024),
+        "dropout": FRACTION, "attention_dropout": FRACTION, "relu_dropout": FRACTION,
+        "max_positions": Range(1, 2**16),  # subword tokens of one sentence; the sinusoids are a table of them
+    }
+    """The range of every numeric field (`nmt.ranges`); `nmt train`'s model flags share it."""
+
     def validate(self) -> None:
+        check_ranges(self)
         if self.d_model % self.n_heads:
             raise NmtError(f"d_model {self.d_model} must be divisible by the number of heads {self.n_heads}")
         if self.share_all_embeddings and self.src_vocab_size != self.tgt_vocab_size:

@@ -7,7 +7,9 @@ belongs (or the reverse) are not bugs in nmt; they must not end in a traceback.
 from __future__ import annotations
 
 import errno
-from typing import Optional
+import os
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 ADVICE = {
     errno.ENOSPC: "free some space there, or write somewhere else (--run-dir, -o)",
@@ -30,3 +32,16 @@ def os_error_message(e: OSError) -> Optional[str]:
     if e.filename2 is not None:
         path = f"{path} -> {e.filename2}"
     return f"{what[:1].lower()}{what[1:]}: {path}; {advice}"
+
+
+@contextmanager
+def naming(path: str | os.PathLike) -> Iterator[None]:
+    """Give an OSError raised without a file name (a write to, or the close of, an open file)
+    the name of `path`, the file being written, so the message names it instead of guessing
+    'standard output'."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None or e.errno is None:
+            raise
+        raise OSError(e.errno, e.strerror or os.strerror(e.errno), str(path)) from e

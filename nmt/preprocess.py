@@ -55,6 +55,7 @@ from nmt.cleaning import DROP_REASONS, drop_codes, reasons_text
 from nmt.data import TokenArrayWriter, split_paths, token_dtype
 from nmt.errors import NmtError
 from nmt.identity import vocab_hashes
+from nmt.oserrors import naming
 from nmt.preprocess_config import NORMALIZATION, RECORD, PreprocessConfig
 from nmt.preprocess_staging import install, remove_leftover_staging, staging_dir
 from nmt.rundir import RunDir, check_run_dir_path
@@ -114,7 +115,8 @@ def _preprocess_into(run: RunDir, cfg: PreprocessConfig, inputs: dict[str, dict[
             vocab_files = copy_vocabularies(cfg, stage / "vocab")
             vocab_summary: dict[str, Any] = {"copied_from": str(Path(cfg.vocab).absolute())}
         else:
-            vocab_files, vocab_summary = learn_vocabularies(cfg, inputs["train"], pairs["train"], stage, runner, progress)
+            with naming(stage / "scratch"):  # where the vocabulary sample is written
+                vocab_files, vocab_summary = learn_vocabularies(cfg, inputs["train"], pairs["train"], stage, runner, progress)
         tokenizers = {lang: load_tokenizer(stage / rel) for lang, rel in vocab_files.items()}
         vocab_sizes = {lang: tok.vocab_size for lang, tok in tokenizers.items()}
         dtype = token_dtype(max(vocab_sizes.values()))
@@ -159,7 +161,9 @@ def _preprocess_into(run: RunDir, cfg: PreprocessConfig, inputs: dict[str, dict[
             "summary": {"vocab": vocab_summary, "splits": split_summaries},
         }
         (stage / "config").mkdir()
-        (stage / "config" / f"{RECORD}.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        record_path = stage / "config" / f"{RECORD}.json"
+        with naming(record_path):
+            record_path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         install(stage, run.root)
     return record
 
@@ -309,7 +313,8 @@ def _binarize_split(split: str, job: Job, n_pairs: int, data_dir: Path, runner: 
             for chunk in runner.map(_encode_chunk, read_chunks(job, n_pairs)):
                 codes_count += np.bincount(chunk.codes.astype(np.int64), minlength=len(DROP_REASONS) + 1)
                 for side, (ids, sizes) in enumerate(((chunk.src_ids, chunk.src_sizes), (chunk.tgt_ids, chunk.tgt_sizes))):
-                    writers[side].add(ids, sizes)
+                    with naming(writers[side].bin_path):  # a full disk names the file, not "standard output"
+                        writers[side].add(ids, sizes)
                     sentences[side] += len(sizes)
                     tokens[side] += len(ids)
                     unk[side] += np.count_nonzero(ids == UNK_ID)
@@ -317,7 +322,8 @@ def _binarize_split(split: str, job: Job, n_pairs: int, data_dir: Path, runner: 
                 bar.update(chunk.pairs_in)
         finally:
             for w in writers:
-                w.close()
+                with naming(w.bin_path):
+                    w.close()
     reasons = {reason: int(codes_count[i + 1]) for i, reason in enumerate(DROP_REASONS)}
     kept = int(sentences[0])
     summary: dict[str, Any] = {

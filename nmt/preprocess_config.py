@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from nmt.cleaning import CleaningRules
 from nmt.errors import NmtError
+from nmt.ranges import COUNT, INT32_MAX, POSITIVE, SEED, THREADS, Range, check_ranges
 from nmt.tokenizer import SPECIAL_TOKENS, VOCAB_TYPES
 
 RECORD = "preprocess"
@@ -88,8 +90,16 @@ class PreprocessConfig:
     def rules(self) -> CleaningRules:
         return CleaningRules(min_len=self.min_len, max_len=self.max_len, max_ratio=self.max_ratio)
 
+    RANGES: ClassVar[dict[str, Range]] = {
+        "vocab_size": Range(len(SPECIAL_TOKENS) + 1, INT32_MAX), "vocab_sample_lines": POSITIVE,
+        "character_coverage": Range(0.0, 1.0, low_open=True), "min_len": COUNT, "max_len": POSITIVE,
+        "max_ratio": Range(1.0, math.inf, high_open=True), "seed": SEED, "workers": THREADS,
+    }
+    """The range of every numeric setting (`nmt.ranges`); the vocabulary holds the special tokens and more."""
+
     def validate(self) -> None:
         """Check the settings alone, before touching any file."""
+        check_ranges(self)
         for flag, lang in (("--source-lang/-s", self.source_lang), ("--target-lang/-t", self.target_lang)):
             if not lang:
                 raise NmtError(f"{flag} is required (the file suffix of that language, e.g. en)")
@@ -105,18 +115,8 @@ class PreprocessConfig:
             raise NmtError("no input given; pass --trainpref (and --validpref, --testpref)")
         if not self.trainpref and not self.vocab:
             raise NmtError("--trainpref is required to learn a vocabulary (or pass --vocab to reuse one)")
-        if self.vocab_size <= len(SPECIAL_TOKENS):
-            raise NmtError(f"--vocab-size must be more than the {len(SPECIAL_TOKENS)} special tokens, got {self.vocab_size}")
-        if self.vocab_sample_lines < 1:
-            raise NmtError(f"--vocab-sample-lines must be at least 1, got {self.vocab_sample_lines}")
-        if not 0.0 < self.character_coverage <= 1.0:
-            raise NmtError(f"--character-coverage must be in (0, 1], got {self.character_coverage}")
-        if self.min_len < 0 or self.max_len < max(self.min_len, 1):
-            raise NmtError(f"need 0 <= --min-len <= --max-len and --max-len >= 1, got {self.min_len} and {self.max_len}")
-        if self.max_ratio < 1.0:
-            raise NmtError(f"--max-ratio must be at least 1, got {self.max_ratio}")
-        if self.workers < 0:
-            raise NmtError(f"--workers must be 0 (all cores) or more, got {self.workers}")
+        if self.max_len < self.min_len:
+            raise NmtError(f"--min-len {self.min_len} is more than --max-len {self.max_len}; no pair could be kept")
 
     def settings(self) -> dict[str, Any]:
         """The settings that determine the result (paths made absolute; `workers` left out)."""

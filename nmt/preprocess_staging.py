@@ -11,10 +11,22 @@ from typing import Iterator
 
 from nmt.errors import NmtError
 from nmt.preprocess_config import RECORD
+from nmt.replace import check_replaceable, holds_only
 from nmt.rundir import RunDir
 
 
 STAGING_PREFIX = ".preprocess-tmp-"
+RESULTS = {"vocab": (".model", ".json"), "data": (".bin", ".idx")}
+"""The folders a preprocess replaces, and the only kinds of file it writes into them."""
+
+
+def check_replaceable_results(root: Path) -> None:
+    """Refuse (`nmt.replace`) to replace a vocab/ or data/ that holds anything preprocess does not
+    write: `-r .` in a project whose data/ holds the corpora would otherwise delete them."""
+    for name, suffixes in RESULTS.items():
+        what = f"a {name}/ folder that holds only {' and '.join(suffixes)} files (what `nmt preprocess` writes)"
+        check_replaceable(Path(root) / name, "--run-dir", what,
+                          lambda folder, suffixes=suffixes: folder.is_dir() and holds_only(folder, lambda f: f.endswith(suffixes)))
 
 
 def _staging_places(root: Path) -> tuple[Path, str]:
@@ -51,6 +63,7 @@ def staging_dir(root: Path) -> Iterator[Path]:
     Inside the run directory when it exists; otherwise beside it (in its nearest existing
     ancestor), so that the run directory itself is only created by the final rename.
     """
+    check_replaceable_results(root)  # before the work, so that a refusal costs nothing
     base, prefix = _staging_places(root)
     while not base.is_dir():
         base = base.parent
@@ -75,6 +88,7 @@ def install(stage: Path, root: Path) -> None:
         root.parent.mkdir(parents=True, exist_ok=True)
         os.rename(stage, root)
         return
+    check_replaceable_results(root)  # again where it deletes: only what preprocess wrote goes
     run = RunDir(root)
     old = stage / "replaced"
     old.mkdir()

@@ -4,8 +4,10 @@ so `nmt --help` stays fast; the CLI flags, defaults and help come from these fie
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from nmt.errors import NmtError
+from nmt.ranges import COUNT, POSITIVE_REAL, SEED, Range, check_ranges
 
 
 def _f(default: object, help: str) -> object:
@@ -23,14 +25,14 @@ class SamplingConfig:
     temperature: float = _f(1.0, "Divide the logits by T before sampling: below 1 sharper, above 1 flatter.")
     seed: int = _f(1, "Seed of the sampler: the same seed, input and settings give the same translations.")
 
+    RANGES: ClassVar[dict[str, Range]] = {
+        "sampling_topk": COUNT, "sampling_topp": Range(0.0, 1.0), "temperature": POSITIVE_REAL, "seed": SEED,
+    }
+    """The range of every numeric setting (`nmt.ranges`); a top-k above the vocabulary keeps all of it."""
+
     def validate(self) -> None:
+        check_ranges(self)
         if not self.sampling and (self.sampling_topk or self.sampling_topp or self.temperature != 1.0):
             raise NmtError("--sampling-topk, --sampling-topp and --temperature apply to --sampling; add --sampling")
-        if self.sampling_topk < 0:
-            raise NmtError(f"--sampling-topk must be 0 (off) or positive, not {self.sampling_topk}")
-        if not 0.0 <= self.sampling_topp <= 1.0:
-            raise NmtError(f"--sampling-topp must be in (0, 1] (0 = off), not {self.sampling_topp}")
         if self.sampling_topk and self.sampling_topp:
             raise NmtError("give --sampling-topk or --sampling-topp, not both")
-        if not self.temperature > 0:
-            raise NmtError(f"--temperature must be positive, not {self.temperature}")

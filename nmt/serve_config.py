@@ -7,8 +7,11 @@ only, and requests small enough that one cannot hold the model for long.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar, Optional
 
 from nmt.errors import NmtError
+from nmt.ranges import POSITIVE, Range, check_ranges
+from nmt.translate_config import MAX_BEAM
 
 
 def _f(default: object, help: str) -> object:
@@ -30,16 +33,23 @@ class ServeConfig:
             "taking turns with the other waiting requests, so small requests are not stuck behind it.")
     max_chars: int = _f(20000, "Characters per request at most (all its sentences together); more gets a 413.")
     max_lines: int = _f(256, "Sentences per request at most; more gets a 413.")
-    max_beam: int = _f(16, "Largest beam a request may ask for; more gets a 400.")
+    max_beam: int = _f(16, f"Largest beam a request may ask for (at most {MAX_BEAM}); more gets a 400.")
 
-    def validate(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise NmtError(f"--port must be between 0 and 65535, not {self.port}")
-        if self.batch_window_ms < 0:
-            raise NmtError(f"--batch-window-ms must not be negative, not {self.batch_window_ms}")
-        for name in ("max_batch_sentences", "max_chars", "max_lines", "max_beam"):
-            if getattr(self, name) < 1:
-                raise NmtError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
+    RANGES: ClassVar[dict[str, Range]] = {
+        "port": Range(0, 65535),
+        # A window longer than a minute is no longer batching, only waiting.
+        "batch_window_ms": Range(0.0, 60_000.0),
+        "max_batch_sentences": POSITIVE, "max_chars": POSITIVE, "max_lines": POSITIVE, "max_beam": Range(1, MAX_BEAM),
+    }
+    """The range of every numeric setting (`nmt.ranges`)."""
+
+    def validate(self, beam: Optional[int] = None) -> None:
+        """Refuse settings outside their range; with `beam` (the --beam requests default to),
+        also a default beam no request could ask for."""
+        check_ranges(self)
+        if beam is not None and beam > self.max_beam:
+            raise NmtError(f"--beam {beam} is more than --max-beam {self.max_beam}, the largest a request may ask for; "
+                           f"raise --max-beam (at most {MAX_BEAM}) or lower --beam")
 
     @property
     def max_body_bytes(self) -> int:

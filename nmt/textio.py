@@ -27,7 +27,7 @@ class CheckedGzip:
     Python reports a file that is not gzip as BadGzipFile, a truncated one as EOFError
     (which click turns into a bare "Aborted!") and corrupt data as zlib.error, none of them
     saying which file or how far it got. Lines are counted as they are read, by iteration or
-    by `read`.
+    by `read`: the line named is the last one whole before the damage.
     """
 
     def __init__(self, path: Path):
@@ -40,6 +40,8 @@ class CheckedGzip:
         if self.lines == 0 and isinstance(e, gzip.BadGzipFile):
             return NmtError(f"{self.path} is not gzip data ({reason}), though its name ends in .gz; "
                             f"decompress or rename it")
+        if isinstance(e, EOFError):  # the stream stops before its end marker: a cut download or copy
+            reason = f"truncated: {reason[:1].lower()}{reason[1:]}"
         return NmtError(f"{self.path} is damaged after line {self.lines} ({reason}); "
                         f"download or compress it again")
 
@@ -52,12 +54,21 @@ class CheckedGzip:
             raise self._damaged(e) from None
 
     def read(self, size: int = -1) -> bytes:
+        """Up to `size` bytes (-1: all), gathered piece by piece (`read1`) and counted as they
+        come, so damage is reported after the last line decompressed, not the last block returned."""
+        pieces: list[bytes] = []
+        wanted = size if size >= 0 else float("inf")
         try:
-            block = self._f.read(size)
+            while wanted > 0:
+                piece = self._f.read1(int(min(wanted, 1 << 20)))
+                if not piece:
+                    break
+                self.lines += piece.count(b"\n")
+                pieces.append(piece)
+                wanted -= len(piece)
         except (EOFError, gzip.BadGzipFile, zlib.error) as e:
             raise self._damaged(e) from None
-        self.lines += block.count(b"\n")
-        return block
+        return b"".join(pieces)
 
     def close(self) -> None:
         self._f.close()

@@ -51,7 +51,8 @@ from nmt.runlock import RunLock, command_line
 from nmt.schedule import learning_rate
 from nmt.train_config import TrainConfig
 from nmt.train_log import TrainLogger, log_offsets, restore_logs, truncate_logs
-from nmt.train_resume import BATCHING_DEFAULTS, BATCHING_FIELDS, Launch, given_from_defaults, launch_record, resolve_launch
+from nmt.train_resume import (BATCHING_DEFAULTS, BATCHING_FIELDS, CONTINUING_MODES, Launch, given_from_defaults,
+                               launch_record, log_offsets_to_keep, resolve_launch)
 
 LN2 = math.log(2.0)
 
@@ -238,7 +239,7 @@ class Trainer:
         if ckpt is not None:  # token ids mean pieces of one vocabulary: refuse another's model
             check_identity(checkpoint_identity(ckpt), self.identity, f"checkpoint {self.launch.checkpoint_path}",
                            warn=lambda message: self.notes.append(f"warning: {message}"))
-        if ckpt is not None and self.launch.mode in ("resume", "restore"):
+        if ckpt is not None and self.launch.mode in ("resume", "recover", "restore"):
             saved = architecture(ckpt["config"])
             diff = [k for k, v in architecture(self.model_cfg.to_dict()).items() if saved.get(k) != v]
             if diff:
@@ -268,7 +269,7 @@ class Trainer:
         self._check_batching()
         self._cut_logs: dict[str, bytes] = {}
         if ctx.is_main:
-            self._cut_logs = truncate_logs(self.rd.log_dir, self._log_offsets_to_keep())
+            self._cut_logs = truncate_logs(self.rd.log_dir, log_offsets_to_keep(self.launch, self.state.log_offsets))
         self.saved_log_offsets = log_offsets(self.rd.log_dir)
         self.saved_this_launch = False
         self.logger = TrainLogger(self.rd.log_dir, cfg.log_interval, enabled=ctx.is_main, progress_bar=not cfg.no_progress_bar,
@@ -317,16 +318,6 @@ class Trainer:
                               f"with the new batches ({s.updates_in_epoch} updates of it were done)")
             s.updates_in_epoch = 0
         s.batching = now
-
-    def _log_offsets_to_keep(self) -> dict[str, int]:
-        """A resume keeps the logs as they were at its checkpoint; a new start keeps nothing."""
-        path = self.launch.checkpoint_path
-        own = path is not None and path.resolve().parent == self.rd.checkpoint_dir.resolve()
-        if self.launch.mode in ("resume", "restore") and own and self.state.log_offsets:
-            return self.state.log_offsets
-        if self.launch.mode in ("resume", "restore") and own:
-            return {}  # an older checkpoint without offsets: keep the logs whole
-        return {"train.jsonl": 0, "train.log": 0}
 
     def checkpoint_dict(self) -> dict[str, Any]:
         return {
@@ -446,11 +437,12 @@ class Trainer:
             self.logger.info("warning: this CPU has no native bf16 matrix units (AVX512-BF16/AMX), so --amp bf16 "
                              "runs slower than fp32 here; use --amp none")
         before = self.recorded_precision
-        if self.launch.mode == "resume" and before and before != self.precision.name:
+        if self.launch.mode in CONTINUING_MODES and before and before != self.precision.name:
             self.logger.info(f"warning: precision {before} -> {self.precision.name} from this launch on (--amp {cfg.amp}); "
                              f"pass --amp {'none' if before == 'fp32' else before} to keep {before}")
         if self.launch.mode != "fresh":
-            how = {"resume": "resuming from", "restore": "restoring from", "finetune": "fine-tuning from"}[self.launch.mode]
+            how = {"resume": "resuming from", "recover": "continuing from", "restore": "restoring from",
+                   "finetune": "fine-tuning from"}[self.launch.mode]
             self.logger.info(f"{how} {self.launch.checkpoint_path} at update {s.update}, epoch {s.epoch} "
                              f"(+{s.updates_in_epoch} updates into it), {s.train_time / 60:.1f} min trained")
         stopped = train_policy.stop_reason(cfg, s.update, s.epoch, s.train_time, stale_validations=s.stale_validations)
@@ -611,7 +603,7 @@ def train(run_dir: str | os.PathLike, cfg: TrainConfig, given: Optional[set[str]
         recorded = rd.read_record("train") if rd.has_record("train") else None
         effective = resolve_launch(rd.checkpoint_dir, recorded, cfg, given, mmap=True).cfg  # the run's devices
         args = _WorkerArgs(cfg, given, effective.device, effective.distributed_world_size, effective.threads)
-        return dist_util.launch(_train_worker, run_dir, args)
+        return dist_util.launch(_train_worker, run_dir, args, resume_from=rd.checkpoint_dir / "checkpoint_last.pt")
 
 
 def _train_worker(ctx: dist_util.DistContext, run_dir: Path, args: _WorkerArgs) -> TrainResult:

@@ -12,10 +12,12 @@ import importlib.util
 import re
 import typing
 from dataclasses import asdict, dataclass, field, fields, make_dataclass
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from nmt.errors import NmtError
 from nmt.model_config import VOCAB_FIELDS, TransformerConfig, check_arch
+from nmt.ranges import (COUNT, COUNT_OR_ALL, FRACTION, INT32_MAX, NON_NEGATIVE, POSITIVE, SEED, THREADS, Range,
+                        check_ranges)
 
 
 def _f(default: Any, help: str) -> Any:
@@ -89,7 +91,7 @@ class TrainConfig:
     tensorboard: bool = _f(False, "Write TensorBoard event files to RUN/tensorboard: train and valid loss, nll_loss, ppl, lr, gnorm, wps (target tokens/s), valid BLEU (tensorboard is the extra 'nmt\\[tensorboard]'; make install installs it).")
     tensorboard_logdir: Optional[str] = _f(None, "Write the TensorBoard event files to this folder instead of RUN/tensorboard (implies --tensorboard).")
     # -- resume and fine-tuning -----------------------------------------------------------
-    restore_file: Optional[str] = _f(None, "First launch only: start from this checkpoint (model, optimizer, schedule, data position). Once checkpoint_last.pt exists, training resumes from it.")
+    restore_file: Optional[str] = _f(None, "First launch only: start from this checkpoint (model, optimizer, schedule, data position). Once checkpoint_last.pt exists, training resumes from it; if it is damaged or lost, name one of the run's own checkpoints here to continue the run from it.")
     finetune_from: Optional[str] = _f(None, "First launch only: start from these model weights with a fresh optimizer, schedule and data position.")
     reset_optimizer: bool = _f(False, "First launch only, with --restore-file: start a fresh optimizer (Adam moments).")
     reset_lr_scheduler: bool = _f(False, "First launch only, with --restore-file: restart the schedule at step 1 (the offset is saved, so resumes continue it).")
@@ -124,51 +126,38 @@ class TrainConfig:
         d = self.to_dict()
         return {**d.pop("model"), **d}
 
+    RANGES: ClassVar[dict[str, Range]] = {
+        "max_tokens": Range(8, INT32_MAX), "update_freq": POSITIVE,
+        # Padding every batch to a multiple wider than any sentence only wastes the batch.
+        "required_seq_len_multiple": Range(1, 1024), "required_batch_size_multiple": Range(1, 1024),
+        "label_smoothing": FRACTION, "warmup": COUNT,
+        # An Adam rate above 1 is a typo (5e4 for 5e-4); the paper's formula peaks near 1e-3.
+        "lr_scale": Range(0.0, 100.0, low_open=True), "lr": Range(0.0, 1.0, low_open=True),
+        "adam_beta1": FRACTION, "adam_beta2": FRACTION, "adam_eps": Range(0.0, 1.0, low_open=True),
+        "weight_decay": Range(0.0, 1.0), "clip_norm": NON_NEGATIVE, "seed": SEED,
+        "max_update": COUNT, "max_epoch": COUNT, "max_time": NON_NEGATIVE,
+        "validate_interval_updates": COUNT, "save_interval_updates": COUNT, "save_interval_minutes": NON_NEGATIVE,
+        "keep_last": COUNT_OR_ALL, "keep_last_epochs": COUNT_OR_ALL, "log_interval": POSITIVE, "patience": COUNT,
+        "threads": THREADS, "distributed_world_size": THREADS, "max_skips": POSITIVE, "min_loss_scale": NON_NEGATIVE,
+    }
+    """The range of every numeric setting (`nmt.ranges`); the model's are TransformerConfig.RANGES."""
+
     def validate(self) -> None:
-        """Refuse settings outside their meaning (the paper's ranges), before any work."""
-        model = self.model
-        ranges = [
-            ("dropout", model.dropout, 0.0, 1.0), ("attention_dropout", model.attention_dropout, 0.0, 1.0),
-            ("relu_dropout", model.relu_dropout, 0.0, 1.0), ("label_smoothing", self.label_smoothing, 0.0, 1.0),
-            ("adam_beta1", self.adam_beta1, 0.0, 1.0), ("adam_beta2", self.adam_beta2, 0.0, 1.0),
-        ]
-        for name, value, low, high in ranges:
-            if value is not None and not (low <= value < high):
-                raise NmtError(f"--{name.replace('_', '-')} {value} is outside [{low:g}, {high:g})")
-        check_arch(model.arch)
-        for name in ("d_model", "d_ff", "n_heads", "encoder_layers", "decoder_layers", "max_positions"):
-            value = getattr(model, name)
-            if value is not None and value <= 0:
-                raise NmtError(f"--{name.replace('_', '-')} {value} must be positive")
-        for name in ("warmup", "max_update", "max_epoch", "max_time", "validate_interval_updates",
-                     "save_interval_updates", "save_interval_minutes", "weight_decay", "clip_norm", "threads",
-                     "distributed_world_size"):
-            if getattr(self, name) < 0:
-                raise NmtError(f"--{name.replace('_', '-')} {getattr(self, name)} must be 0 or more")
-        if self.adam_eps <= 0 or self.lr_scale <= 0 or (self.lr is not None and self.lr <= 0):
-            raise NmtError("--adam-eps, --lr-scale and --lr must be positive")
-        if self.log_interval < 1 or self.max_skips < 1:
-            raise NmtError("--log-interval and --max-skips must be at least 1")
-        if self.keep_last < -1 or self.keep_last_epochs < -1:
-            raise NmtError("--keep-last and --keep-last-epochs take -1 (keep all) or a count")
+        """Refuse settings outside their meaning (the paper's ranges), before any work: every
+        number by its declared range, NaN, inf and huge values included, then the rules
+        between settings."""
+        check_arch(self.model.arch)
+        check_ranges(self.model, TransformerConfig.RANGES)
+        check_ranges(self)
         if self.amp not in ("auto", "bf16", "fp16", "none"):
             raise NmtError(f"unknown --amp {self.amp!r}; choose auto, bf16, fp16 or none")
         if self.device not in ("auto", "cpu", "cuda"):
             raise NmtError(f"unknown --device {self.device!r}; choose auto, cpu or cuda")
-        if self.max_tokens < 8:
-            raise NmtError(f"--max-tokens {self.max_tokens} is too small")
-        if self.update_freq < 1:
-            raise NmtError("--update-freq must be at least 1")
-        for flag in ("required_seq_len_multiple", "required_batch_size_multiple"):
-            if getattr(self, flag) < 1:
-                raise NmtError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(self, flag)}")
         if self.lr is not None and self.lr_scale != 1.0:
             raise NmtError("--lr and --lr-scale are two ways to set the rate; give only one")
         if (self.tensorboard or self.tensorboard_logdir) and importlib.util.find_spec("tensorboard") is None:
             raise NmtError("--tensorboard needs the tensorboard package: pip install 'nmt[tensorboard]' "
                            "(make install installs it), or drop the flag")
-        if self.patience < 0:
-            raise NmtError(f"--patience {self.patience} must be 0 (off) or a number of validations")
         if self.best_checkpoint_metric not in ("auto", "loss", "bleu"):
             raise NmtError(f"unknown --best-checkpoint-metric {self.best_checkpoint_metric!r}; choose loss, bleu or auto")
         if self.best_checkpoint_metric == "bleu" and not self.eval_bleu:

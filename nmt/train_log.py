@@ -68,6 +68,14 @@ def open_tensorboard(logdir: Path, purge_step: Optional[int]) -> Any:
     return SummaryWriter(str(logdir), purge_step=purge_step)
 
 
+def log_line(rec: dict[str, Any]) -> str:
+    """A train record as its human log line. The lr is shown to 4 significant digits: past
+    warmup it is d_model^-0.5 * step^-0.5, whose full repr runs to 19 digits; train.jsonl keeps
+    the exact float."""
+    return " | ".join(f"{k} {v:.4g}" if k == "lr" and isinstance(v, float) else f"{k} {v}"
+                      for k, v in rec.items() if k != "kind")
+
+
 class TrainLogger:
     """Writes every record to logs/train.jsonl and its line to logs/train.log, whether a
     terminal is attached or not; on a terminal the lines go above one progress bar for the
@@ -160,7 +168,7 @@ class TrainLogger:
             "mem_mb": round(memory_in_use(self.device) / 2**20, 1) if self.enabled else 0.0,
         }
         self.record(rec)
-        self.info(" | ".join(f"{k} {v}" for k, v in rec.items() if k != "kind"))
+        self.info(log_line(rec))
         if self.bar is not None:
             self.bar.show(state.update, state.train_time, rec["loss"], out["lr"], rec["wps"], force=True)
         self._reset_interval()

@@ -1,26 +1,32 @@
-"""One resume rule (fairseq's first-launch rule) and the run directory's memory of its settings.
+"""The one resume rule (fairseq's first-launch rule) and the run directory's memory of its settings.
 
-- When `checkpoints/checkpoint_last.pt` exists, training resumes from it, with the settings the
-  run was trained with. `--restore-file`, `--finetune-from` and the `--reset-*` flags apply on
-  the first launch only; what they changed (a fresh optimizer, an lr offset, a new data order)
-  is in the checkpoints that follow, so a later resume continues exactly.
-- A flag given on the command line that differs from the run's record is applied where that is
-  safe (limits, cadences, logging, learning rate, dropout...) with one line naming the change;
-  one that would make another model (architecture, vocabulary) is refused in one line that says
-  what the run has and what was asked.
-- With no checkpoint_last.pt but numbered checkpoints present, nothing is overwritten: training
-  refuses and names the newest intact checkpoint and the flag that resumes from it.
+Which launch this is depends on the checkpoints/ folder first, and only then on the flags:
+- `checkpoint_last.pt` loads: training resumes from it, with the settings the run was trained
+  with. `--restore-file`, `--finetune-from` and the `--reset-*` flags are ignored with a note:
+  what they changed on the first launch (a fresh optimizer, an lr offset, a new data order) is
+  already in the checkpoint, so a resume continues exactly.
+- `checkpoint_last.pt` is damaged, or missing while numbered checkpoints exist: nothing is
+  overwritten. Training refuses in one line naming the newest intact checkpoint, whatever the
+  run's record says; only a `--restore-file` naming one of this run's own checkpoints, typed on
+  this command line, gets through, and it continues the run from there (Adam's moments, the lr
+  offset and the data position as saved; the first-launch flags are not applied again).
+- Nothing saved yet: a first launch. The first-launch flags come from this command line only,
+  never from config/train.json; a record whose first launch used them, and stopped before its
+  first save, is refused unless they are typed again.
+A flag given on the command line that differs from the run's record is applied where that is
+safe (limits, cadences, logging, learning rate, dropout...) with one line naming the change;
+one that would make another model (architecture, vocabulary) is refused in one line.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
 from nmt.checkpoint import load_checkpoint
-from nmt.checkpoints_dir import newest_intact_checkpoint
+from nmt.checkpoints_dir import epoch_checkpoints, interval_checkpoints, newest_intact_checkpoint
 from nmt.errors import NmtError
 from nmt.train_config import TrainConfig
 
@@ -28,10 +34,17 @@ ARCHITECTURE_FIELDS = ("arch", "d_model", "d_ff", "n_heads", "encoder_layers", "
                        "share_all_embeddings", "share_decoder_input_output_embed", "pre_ln")
 """Model flags that would make another model: a resume refuses them."""
 FIRST_LAUNCH_ONLY = ("restore_file", "finetune_from", "reset_optimizer", "reset_lr_scheduler", "reset_dataloader")
+"""Flags that act once, on the launch that types them; never read back from a record."""
 BATCHING_FIELDS = ("max_tokens", "update_freq", "seed", "required_seq_len_multiple", "required_batch_size_multiple")
 """Settings that decide an epoch's batches; with the world size they are saved in each checkpoint."""
 BATCHING_DEFAULTS = {"required_seq_len_multiple": 1, "required_batch_size_multiple": 1}
 """Batching fields added after checkpoints already existed, with the value those checkpoints trained with."""
+MODES = ("fresh", "resume", "recover", "restore", "finetune")
+"""fresh; resume (checkpoint_last.pt); recover (one of the run's own checkpoints, asked for with
+--restore-file when checkpoint_last.pt is damaged or missing); restore (--restore-file from
+elsewhere, first launch); finetune (--finetune-from, first launch)."""
+CONTINUING_MODES = ("resume", "recover")
+"""Modes that continue this run: its settings, its logs up to the checkpoint, no first-launch flag."""
 
 
 @dataclass
@@ -39,11 +52,12 @@ class Launch:
     """What this launch of `nmt train` starts from."""
 
     cfg: TrainConfig
-    """The effective configuration: the run's record, with the safe changes asked for."""
+    """The effective configuration: the run's record, with the safe changes asked for. Its
+    first-launch fields are the ones this launch applies (all off when continuing the run)."""
     checkpoint: Optional[dict[str, Any]] = None
     checkpoint_path: Optional[Path] = None
     mode: str = "fresh"
-    """fresh, resume (checkpoint_last.pt), restore (--restore-file) or finetune (--finetune-from)."""
+    """One of MODES."""
     notes: list[str] = field(default_factory=list)
     """One line per change or ignored flag, printed at start and kept in config/train.json."""
     changes: dict[str, list[Any]] = field(default_factory=dict)
@@ -60,22 +74,40 @@ def _describe_model(cfg: TrainConfig, model: Optional[dict[str, Any]]) -> str:
     return f"--arch {cfg.model.arch}"
 
 
+def typed_first_launch_flags(asked: TrainConfig, given: set[str]) -> dict[str, Any]:
+    """The first-launch flags set on this command line (a flag typed with its off value is not set)."""
+    return {name: getattr(asked, name) for name in FIRST_LAUNCH_ONLY
+            if name in given and getattr(asked, name) not in (None, False)}
+
+
+def _with_first_launch(cfg: TrainConfig, typed: dict[str, Any]) -> TrainConfig:
+    """`cfg` with its first-launch fields taken from `typed` only (the rest off)."""
+    defaults = {f.name: f.default for f in fields(TrainConfig) if f.name in FIRST_LAUNCH_ONLY}
+    values = cfg.flat()
+    values.update({name: typed.get(name, defaults[name]) for name in FIRST_LAUNCH_ONLY})
+    return TrainConfig.from_dict(values)
+
+
 def merge_settings(recorded: TrainConfig, asked: TrainConfig, given: set[str], resuming: bool,
-                   recorded_model: Optional[dict[str, Any]] = None) -> tuple[TrainConfig, list[str], dict[str, list[Any]]]:
+                   recorded_model: Optional[dict[str, Any]] = None,
+                   continues_from: str = "checkpoint_last.pt") -> tuple[TrainConfig, list[str], dict[str, list[Any]]]:
     """The recorded settings with the explicitly `given` flags of `asked` applied where safe
-    (flags by their names: the model's fields beside the others, `TrainConfig.flat`)."""
+    (flags by their names: the model's fields beside the others, `TrainConfig.flat`).
+
+    First-launch flags never come from `recorded`: on a first launch they are the typed ones;
+    when `resuming` (the run continues from `continues_from`) typed ones are ignored with a note."""
     values = recorded.flat()
     asked_values = asked.flat()
     notes: list[str] = []
     changes: dict[str, list[Any]] = {}
+    typed = typed_first_launch_flags(asked, given)
     for name in sorted(given):
-        new, old = asked_values[name], values.get(name)
         if name in FIRST_LAUNCH_ONLY:
-            if resuming and new not in (None, False):
-                notes.append(f"{_flag(name)} ignored: it applies to the first launch only, and this run resumes "
-                             f"from checkpoint_last.pt")
-            values[name] = new if not resuming else values.get(name)
+            if resuming and name in typed:
+                notes.append(f"{_flag(name)} ignored: it applies to the first launch only, and this run continues "
+                             f"from {continues_from}")
             continue
+        new, old = asked_values[name], values.get(name)
         if new == old:
             continue
         if resuming and name in ARCHITECTURE_FIELDS:
@@ -87,7 +119,52 @@ def merge_settings(recorded: TrainConfig, asked: TrainConfig, given: set[str], r
         changes[name] = [old, new]
         if resuming:
             notes.append(f"changed {_flag(name)}: {old} -> {new} (was recorded in this run)")
-    return TrainConfig.from_dict(values), notes, changes
+    return _with_first_launch(TrainConfig.from_dict(values), {} if resuming else typed), notes, changes
+
+
+def _numbered_checkpoints(checkpoint_dir: Path) -> list[Path]:
+    if not checkpoint_dir.is_dir():
+        return []
+    return interval_checkpoints(checkpoint_dir) + epoch_checkpoints(checkpoint_dir)
+
+
+def _is_own(path: Path, checkpoint_dir: Path) -> bool:
+    return path.resolve().parent == checkpoint_dir.resolve()
+
+
+def recovery_hint(checkpoint_dir: Path) -> str:
+    """What to type after checkpoint_last.pt is lost: the newest numbered checkpoint that loads."""
+    last = checkpoint_dir / "checkpoint_last.pt"
+    intact = newest_intact_checkpoint(checkpoint_dir, exclude=last) if checkpoint_dir.is_dir() else None
+    if intact is None:
+        return f"no other checkpoint loads; move {checkpoint_dir} away to start afresh, or use a new --run-dir"
+    return f"continue from the newest intact one with --restore-file {intact}, or use a new --run-dir"
+
+
+def _recover(checkpoint_dir: Path, recorded: Optional[dict[str, Any]], asked: TrainConfig, given: set[str],
+             problem: str, load: Any) -> Launch:
+    """checkpoint_last.pt is damaged or missing beside numbered checkpoints (`problem` says
+    which): continue from the run's own checkpoint typed as --restore-file, or refuse."""
+    typed = typed_first_launch_flags(asked, given)
+    asked_path = typed.get("restore_file")
+    if asked_path is None:
+        raise NmtError(f"{problem}, and starting over would overwrite the run's checkpoints; {recovery_hint(checkpoint_dir)}")
+    path = Path(asked_path)
+    if not _is_own(path, checkpoint_dir):
+        raise NmtError(f"{problem}; --restore-file {path} is not one of this run's checkpoints, and starting from it "
+                       f"would overwrite them: {recovery_hint(checkpoint_dir)}")
+    ckpt = load(path)
+    state = ckpt.get("train_state")
+    if not isinstance(state, dict) or not state.get("update"):
+        raise NmtError(f"{path} holds model weights without a training position, so training would restart at update 0 "
+                       f"and overwrite this run's checkpoints; {recovery_hint(checkpoint_dir)} "
+                       f"(or --finetune-from {path} in a new --run-dir)")
+    base = ckpt.get("train_config") or (recorded or {}).get("train_config") or {}
+    cfg, notes, changes = merge_settings(TrainConfig.from_dict(base), asked, given - {"restore_file"}, resuming=True,
+                                         recorded_model=ckpt.get("config"), continues_from=path.name)
+    notes.insert(0, f"{problem}: continuing from {path.name} (update {state['update']}) as asked; "
+                    f"the next save replaces checkpoint_last.pt")
+    return Launch(cfg, ckpt, path, "recover", notes, changes)
 
 
 def resolve_launch(checkpoint_dir: Path, recorded: Optional[dict[str, Any]], asked: TrainConfig, given: set[str],
@@ -103,27 +180,29 @@ def resolve_launch(checkpoint_dir: Path, recorded: Optional[dict[str, Any]], ask
         try:
             ckpt = load(last)
         except NmtError as e:
-            if asked.restore_file and "restore_file" in given:  # the user's answer to the hint below
-                path = Path(asked.restore_file)
-                cfg, notes, changes = merge_settings(TrainConfig.from_dict((recorded or {}).get("train_config") or {}), asked,
-                                                     given, resuming=False)
-                return Launch(cfg, load(path), path, "restore",
-                              [f"{last} is damaged: restoring from {path} as asked; the next save replaces it"], changes)
-            intact = newest_intact_checkpoint(checkpoint_dir, exclude=last)
-            hint = (f"resume from the newest intact one with --restore-file {intact}" if intact
-                    else "no other checkpoint loads; move it away to start afresh")
-            raise NmtError(f"{e}; it was not replaced: {hint}") from None
+            return _recover(checkpoint_dir, recorded, asked, given, f"{e}; it was not replaced", load)
         base = ckpt.get("train_config") or (recorded or {}).get("train_config") or {}
         cfg, notes, changes = merge_settings(TrainConfig.from_dict(base), asked, given, resuming=True,
                                              recorded_model=ckpt.get("config"))
         return Launch(cfg, ckpt, last, "resume", notes, changes)
+    if _numbered_checkpoints(checkpoint_dir):
+        return _recover(checkpoint_dir, recorded, asked, given, f"{checkpoint_dir} has checkpoints but no checkpoint_last.pt",
+                        load)
 
-    # First launch (no checkpoint_last.pt): flags apply freely.
+    # First launch: nothing saved yet.
+    typed = typed_first_launch_flags(asked, given)
     base_record = (recorded or {}).get("train_config")
     if base_record:  # a first launch that died before its first save: the record is the base
+        first = {name: value for name, value in TrainConfig.from_dict(base_record).flat().items()
+                 if name in FIRST_LAUNCH_ONLY and value not in (None, False)}
+        starts = {"restore_file", "finetune_from"}
+        if starts & first.keys() and not starts & typed.keys():
+            retype = " ".join(_flag(n) if v is True else f"{_flag(n)} {v}" for n, v in first.items())
+            raise NmtError(f"this run's first launch used {retype} and stopped before its first checkpoint; type them "
+                           f"again to start it that way ({retype}), or use a new --run-dir to start without them")
         cfg, _, changes = merge_settings(TrainConfig.from_dict(base_record), asked, given, resuming=False)
     else:
-        cfg, changes = asked, {}
+        cfg, changes = _with_first_launch(asked, typed), {}
     if cfg.finetune_from:
         return Launch(cfg, load(cfg.finetune_from), Path(cfg.finetune_from), "finetune", [], changes)
     if cfg.restore_file:
@@ -131,13 +210,16 @@ def resolve_launch(checkpoint_dir: Path, recorded: Optional[dict[str, Any]], ask
         if not path.is_file():
             raise NmtError(f"--restore-file {path} does not exist")
         return Launch(cfg, load(path), path, "restore", [], changes)
-    intact = newest_intact_checkpoint(checkpoint_dir) if checkpoint_dir.is_dir() else None
-    if intact is not None:
-        raise NmtError(
-            f"{checkpoint_dir} has checkpoints but no checkpoint_last.pt, so training would start over and overwrite "
-            f"them; resume from the newest intact one with --restore-file {intact}, or use a new --run-dir"
-        )
     return Launch(cfg, None, None, "fresh", [], changes)
+
+
+def log_offsets_to_keep(launch: Launch, saved_offsets: dict[str, int]) -> dict[str, int]:
+    """The bytes of logs/train.jsonl and train.log this launch keeps: a launch that continues
+    the run keeps them as they were at its checkpoint (`saved_offsets`, from its train_state;
+    none recorded by an older checkpoint: all of them); any other start keeps nothing."""
+    if launch.mode in CONTINUING_MODES:
+        return dict(saved_offsets)
+    return {"train.jsonl": 0, "train.log": 0}
 
 
 def given_from_defaults(cfg: TrainConfig) -> set[str]:

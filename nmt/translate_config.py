@@ -5,15 +5,19 @@ flags, their defaults and their help all come from these fields.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from nmt.errors import NmtError
+from nmt.ranges import COUNT, POSITIVE, THREADS, Range, check_ranges
 
 LENPEN_STYLES = ("gnmt", "avg")
 BEAM_STYLES = ("t2t", "fairseq", "shrink")
 AMP_CHOICES = ("auto", "none", "bf16", "fp16")
 ENGINES = ("nmt", "ctranslate2")
+MAX_BEAM = 128
+"""The widest beam: 32x the paper's 4, far past where BLEU stops improving (wider beams lose
+it, Koehn and Knowles 2017), while each sentence holds --beam rows of decoder state."""
 
 
 def _f(default: object, help: str) -> object:
@@ -24,7 +28,7 @@ def _f(default: object, help: str) -> object:
 class SearchConfig:
     """Beam search settings; the paper's by default (Section 6.1). The CLI flags come from here."""
 
-    beam: int = _f(4, "Beam size: hypotheses searched per sentence (paper: 4).")
+    beam: int = _f(4, f"Beam size: hypotheses searched per sentence (paper: 4; at most {MAX_BEAM}).")
     beam_style: str = _f(
         "t2t",
         "t2t: the paper's search, as tensor2tensor's beam_search.py: k hypotheses stay alive, chosen from the 2k "
@@ -44,21 +48,23 @@ class SearchConfig:
     max_len_b: int = _f(50, "b of the output length limit a * source length + b (paper: 50); capped by the model's positions.")
     nbest: int = _f(1, "Hypotheses kept per sentence, best first (listed by --format jsonl).")
 
+    RANGES: ClassVar[dict[str, Range]] = {
+        "beam": Range(1, MAX_BEAM), "nbest": Range(1, MAX_BEAM),
+        # Published alphas lie in [0, 2]; past 10 the penalty, not the model, picks the output.
+        "lenpen": Range(0.0, 10.0),
+        # Past 1000, a no longer limits anything (the model's positions do); a huge one overflows a * length.
+        "max_len_a": Range(0.0, 1000.0), "max_len_b": COUNT,
+    }
+    """The range of every numeric setting (`nmt.ranges`)."""
+
     def validate(self) -> None:
-        if self.beam < 1:
-            raise NmtError(f"--beam must be at least 1, not {self.beam}")
-        if not 1 <= self.nbest <= self.beam:
+        check_ranges(self)
+        if self.nbest > self.beam:
             raise NmtError(f"--nbest must be between 1 and --beam ({self.beam}), not {self.nbest}")
-        if self.max_len_a < 0:
-            raise NmtError(f"--max-len-a must not be negative, not {self.max_len_a}")
-        if self.max_len_b < 0:
-            raise NmtError(f"--max-len-b must not be negative, not {self.max_len_b} (it would leave no room for output)")
         if self.beam_style not in BEAM_STYLES:
             raise NmtError(f"unknown --beam-style {self.beam_style!r}; choose one of {', '.join(BEAM_STYLES)}")
         if self.lenpen_style not in LENPEN_STYLES:
             raise NmtError(f"unknown --lenpen-style {self.lenpen_style!r}; choose one of {', '.join(LENPEN_STYLES)}")
-        if not math.isfinite(self.lenpen):
-            raise NmtError(f"--lenpen must be a finite number, not {self.lenpen}")
 
 
 @dataclass
@@ -84,14 +90,14 @@ class TranslateConfig:
     ct2_model: str = _f("", "CTranslate2 model directory for --engine ctranslate2 (default: RUN/ctranslate2/CHECKPOINT, exported when missing or older than the checkpoint).")
     ct2_compute_type: str = _f("default", "CTranslate2 compute type (default: the exported weights' type; int8, int8_float32, float32, bfloat16, ...).")
 
+    RANGES: ClassVar[dict[str, Range]] = {"max_tokens": POSITIVE, "buffer_size": POSITIVE, "threads": THREADS}
+    """The range of every numeric setting (`nmt.ranges`)."""
+
     def validate(self) -> None:
-        if self.max_tokens < 1 or self.buffer_size < 1:
-            raise NmtError("--max-tokens and --buffer-size must be at least 1")
+        check_ranges(self)
         if self.encoding_errors not in ("strict", "replace"):
             raise NmtError(f"--encoding-errors must be strict or replace, not {self.encoding_errors!r}")
         if self.amp not in AMP_CHOICES:
             raise NmtError(f"--amp must be one of {', '.join(AMP_CHOICES)}, not {self.amp!r}")
         if self.engine not in ENGINES:
             raise NmtError(f"--engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
-        if self.threads < 0:
-            raise NmtError(f"--threads must not be negative, not {self.threads}")

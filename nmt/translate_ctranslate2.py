@@ -14,14 +14,17 @@ length limit CTranslate2 ends a hypothesis with whatever token comes, nmt forces
 
 from __future__ import annotations
 
-import json
+import fcntl
 import math
+import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from nmt.beam_search import Hypothesis
 from nmt.errors import NmtError
-from nmt.export_ctranslate2 import EXPORT_RECORD, export_ctranslate2, import_ctranslate2, vocabulary_tokens
+from nmt.export_ctranslate2 import export_ctranslate2, import_ctranslate2, read_export_record, vocabulary_tokens
+from nmt.identity import identity_difference, run_identity, tokenizer_sha256
 from nmt.rundir import RunDir
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from nmt.translate import Translator
@@ -38,14 +41,65 @@ def check_search_for_ctranslate2(search: SearchConfig) -> None:
                        f"pass --beam-style fairseq")
 
 
+@contextmanager
+def _waiting_lock(path: Path) -> Iterator[None]:
+    """Hold the POSIX lock of `path`, waiting while another process holds it.
+
+    Not `nmt.runlock.RunLock`: that one refuses a second writer, and two translates of one run
+    must both succeed. The file stays: removing it would let a third process lock a file the
+    waiting one no longer sees (see `nmt.runlock`). The kernel drops the lock if we die.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _is_current_export(model_dir: Path, checkpoint: Path, identity: dict) -> bool:
+    """Whether `model_dir` was exported from `checkpoint` as it is now, with this vocabulary."""
+    try:
+        record = read_export_record(model_dir)
+        newer = (model_dir / "model.bin").stat().st_mtime >= checkpoint.stat().st_mtime
+    except (NmtError, OSError):
+        return False
+    return newer and Path(record["checkpoint"]).resolve() == checkpoint.resolve() \
+        and identity_difference(record["identity"], identity) is None
+
+
 def cached_model_dir(run: RunDir, checkpoint: Path) -> tuple[Path, bool]:
-    """RUN/ctranslate2/CHECKPOINT-STEM, exported now if missing or older than the checkpoint;
-    returns (directory, whether it was exported now)."""
+    """RUN/ctranslate2/CHECKPOINT-STEM, exported now unless it holds this checkpoint's current
+    export; returns (directory, whether it was exported now).
+
+    Exported holding RUN/ctranslate2/.STEM.lock: two translates started at once would both
+    export, and one would replace the directory the other is loading. The second waits, then
+    finds the first one's export current. A current export needs no lock (nor a writable run).
+    """
     model_dir = run.root / "ctranslate2" / checkpoint.stem
-    model_bin = model_dir / "model.bin"
-    if model_bin.is_file() and model_bin.stat().st_mtime >= checkpoint.stat().st_mtime:
+    identity = run_identity(run)
+    if _is_current_export(model_dir, checkpoint, identity):
         return model_dir, False
-    return export_ctranslate2(run.root, model_dir, checkpoint=checkpoint, force=True), True
+    with _waiting_lock(model_dir.parent / f".{model_dir.name}.lock"):
+        if _is_current_export(model_dir, checkpoint, identity):  # exported while we waited
+            return model_dir, False
+        # translate has checked (and warned about) the checkpoint's vocabulary already
+        return export_ctranslate2(run.root, model_dir, checkpoint=checkpoint, force=True, warn=lambda message: None), True
+
+
+def check_export_vocabulary(model_dir: Path, record: dict, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer) -> None:
+    """Refuse a model exported with another vocabulary than these tokenizers: its token strings
+    are not theirs, which ends in a KeyError, or in garbage when the sizes agree."""
+    exported = record["identity"]
+    src, tgt = exported["source_lang"], exported["target_lang"]
+    run_side = {"source_lang": src, "target_lang": tgt,
+                "vocab_sha256": {src: tokenizer_sha256(src_tokenizer), tgt: tokenizer_sha256(tgt_tokenizer)}}
+    difference = identity_difference(exported, run_side)
+    if difference is not None:
+        raise NmtError(f"CTranslate2 model {model_dir} was exported from another vocabulary than this run directory has "
+                       f"({difference}, export vs run); export this run's model with `nmt export`, "
+                       f"or pass the --run-dir it was exported from")
 
 
 class CTranslate2Translator(Translator):
@@ -57,10 +111,8 @@ class CTranslate2Translator(Translator):
         cfg.validate()
         check_search_for_ctranslate2(search)
         ctranslate2 = import_ctranslate2()
-        record_file = Path(model_dir) / EXPORT_RECORD
-        if not record_file.is_file():
-            raise NmtError(f"{model_dir} is not a model written by `nmt export --format ctranslate2` (no {EXPORT_RECORD})")
-        record = json.loads(record_file.read_text(encoding="utf-8"))
+        record = read_export_record(model_dir)
+        check_export_vocabulary(Path(model_dir), record, src_tokenizer, tgt_tokenizer)
         self.models, self.search, self.cfg = [], search, cfg
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
         self.moses_langs = moses_langs

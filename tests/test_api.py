@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import re
 import shutil
 import subprocess
 import sys
@@ -79,6 +80,34 @@ def test_unknown_settings_are_type_errors_and_bad_values_user_errors(run_dir, mo
         nmt.load(run_dir, colour="red")
     with pytest.raises(nmt.errors.NmtError, match="--beam must be at least 1"):
         model.translate("a", beam=0)
+
+
+@pytest.mark.parametrize("setting, needle", [
+    ({"beam": "4"}, "beam must be an int, not str '4'"), ({"beam": 4.0}, "beam must be an int, not float"),
+    ({"nbest": True}, "nbest must be an int, not bool"), ({"lenpen": "0.6"}, "lenpen must be a number, not str"),
+    ({"max_len_b": None}, "max_len_b must be an int, not NoneType"), ({"beam": [4]}, "beam must be an int, not list"),
+    ({"beam_style": 1}, "beam_style must be a str, not int"),
+])
+def test_settings_of_the_wrong_type_are_user_errors_naming_the_setting(run_dir, model, setting, needle):
+    with pytest.raises(nmt.errors.NmtError, match=re.escape(needle)):
+        model.translate("a", **setting)
+    with pytest.raises(nmt.errors.NmtError, match=re.escape(needle)):
+        nmt.load(run_dir, device="cpu", **setting)
+
+
+def test_numpy_numbers_are_settings_like_ints_and_floats(model):
+    np = pytest.importorskip("numpy")
+    assert model.translate("ein Hund", beam=np.int64(2), lenpen=np.float32(1.0)) == model.translate("ein Hund", beam=2, lenpen=1.0)
+    assert model.translate("ein Hund", lenpen=1) == model.translate("ein Hund", lenpen=1.0)
+
+
+def test_a_beam_above_the_limit_is_a_user_error(model):
+    from nmt import translate_config
+
+    if not hasattr(translate_config, "MAX_BEAM"):
+        pytest.skip("SearchConfig has no beam limit (nmt.translate_config.MAX_BEAM) yet")
+    with pytest.raises(nmt.errors.NmtError, match="--beam"):
+        model.translate("a", beam=10**6)
 
 
 def test_import_nmt_does_not_import_torch():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -53,7 +54,8 @@ def run(tmp_path: Path) -> Path:
     make_checkpoint(ck / "checkpoint2.pt", 5, 3, 2000)
     make_checkpoint(ck / "checkpoint_best.pt", 6, 3, 2000)
     make_checkpoint(ck / "checkpoint_last.pt", 7, 3, 2000)
-    make_checkpoint(ck / "checkpoint_avg.pt", 8, 3, 2000)
+    avg = make_checkpoint(ck / "checkpoint_avg.pt", 8, 3, 2000)
+    save_checkpoint(ck / "checkpoint_avg.pt", {**avg, "averaged_from": ["checkpoint2.pt"]})  # averaging wrote it
     return tmp_path
 
 
@@ -181,3 +183,23 @@ def test_neither_or_both_selections_is_an_error(run: Path):
 
 def test_a_run_without_checkpoints_is_one_line_error(tmp_path: Path):
     assert_one_line_error(run_nmt("average-checkpoints", "-r", tmp_path, "--last", "5"), "nmt train")
+
+
+def test_inputs_count_one_file_under_two_names_once_and_keep_the_span_warning(run: Path, tmp_path: Path):
+    """checkpoint_last.pt is a hard link to the newest numbered checkpoint: listed with it, it
+    would weigh twice. The average is of the two files, a note says so, and the span warning
+    (updates 100-2000) is given for --inputs as for --last."""
+    ck = run / "checkpoints"
+    os.link(ck / "checkpoint2.pt", tmp_path / "last.pt")
+    out = tmp_path / "avg.pt"
+    proc = run_nmt("average-checkpoints", "--inputs", ck / "checkpoint_1_100.pt", ck / "checkpoint2.pt", tmp_path / "last.pt",
+                   "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    notes = [line for line in proc.stderr.splitlines() if "counts once" in line]
+    assert len(notes) == 1 and f"{tmp_path / 'last.pt'} is {ck / 'checkpoint2.pt'}" in notes[0]
+    assert "span updates 100-2000" in proc.stderr
+    avg = load_checkpoint(out)
+    a, b = (load_checkpoint(ck / n)["model"] for n in ("checkpoint_1_100.pt", "checkpoint2.pt"))
+    for name, tensor in avg["model"].items():
+        torch.testing.assert_close(tensor, (a[name] + b[name]) / 2)
+    assert avg["averaged_updates"] == [100, 2000]

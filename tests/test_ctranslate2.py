@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
+import shlex
+import shutil
+from pathlib import Path
 
 import pytest
 
 from conftest import assert_one_line_error, run_nmt
+from nmt.identity import run_identity
+from nmt.rundir import RunDir
+from test_identity import save_model, two_runs  # noqa: F401  (two_runs: a fixture)
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -112,3 +119,116 @@ def test_engine_keeps_the_line_contract(trained_tiny_run, test_lines):
 def test_engine_refuses_the_gnmt_penalty_in_one_line(trained_tiny_run):
     proc = run_nmt("translate", "-r", trained_tiny_run, "--engine", "ctranslate2", input="a man\n")
     assert_one_line_error(proc, "--lenpen-style avg")
+
+
+# -- vocabulary identity, damaged records, concurrent exports, the help's command ------------
+# On two small runs (test_identity's: one vocabulary size, other pieces; random `tiny` models),
+# which export and translate in seconds.
+
+CT2_SEARCH = ("--beam-style", "fairseq", "--lenpen-style", "avg")
+
+
+@pytest.fixture(scope="module")
+def small_exports(two_runs, tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("small_ct2")
+    exports = {}
+    for name, run in zip("ab", two_runs):
+        proc = run_nmt("export", "-r", run, "-o", out / name)
+        assert proc.returncode == 0, proc.stderr
+        exports[name] = out / name
+    return exports
+
+
+def ct2_translate(run: Path, *args: str, input: str = "ein Mann\n"):
+    return run_nmt("translate", "-r", run, "--threads", "1", "--engine", "ctranslate2", *CT2_SEARCH, *args, input=input)
+
+
+def test_export_records_the_vocabulary_identity(two_runs, small_exports):
+    record = json.loads((small_exports["a"] / "nmt_export.json").read_text())
+    assert record["identity"] == run_identity(RunDir(two_runs[0]))
+
+
+def test_export_refuses_another_runs_checkpoint_of_the_same_size(two_runs, tmp_path):
+    a, b = two_runs
+    proc = run_nmt("export", "-r", a, "-c", b / "checkpoints" / "checkpoint_last.pt", "-o", tmp_path / "x")
+    assert_one_line_error(proc, "another vocabulary", "sha256")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_translate_refuses_a_model_exported_from_another_vocabulary(two_runs, small_exports):
+    proc = ct2_translate(two_runs[0], "--ct2-model", small_exports["b"])
+    assert_one_line_error(proc, str(small_exports["b"]), "another vocabulary", "sha256", "nmt export")
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("damage", ["missing", "not json", "no identity", "no max_positions"])
+def test_a_missing_or_damaged_export_record_is_one_line(two_runs, small_exports, tmp_path, damage):
+    model = tmp_path / "model"
+    shutil.copytree(small_exports["a"], model)
+    record_file = model / "nmt_export.json"
+    record = json.loads(record_file.read_text())
+    if damage == "missing":
+        record_file.unlink()
+    elif damage == "not json":
+        record_file.write_text('{"format": "ctranslate2", ')
+    else:
+        del record[damage.removeprefix("no ")]
+        record_file.write_text(json.dumps(record))
+    proc = ct2_translate(two_runs[0], "--ct2-model", model)
+    assert_one_line_error(proc, str(model), "nmt export")
+
+
+def _translate_when_all_are_ready(run: Path, barrier, results) -> None:
+    """One `nmt translate --engine ctranslate2` without the command line, started at the barrier."""
+    from nmt.translate import load_translator
+    from nmt.translate_config import SearchConfig, TranslateConfig
+
+    barrier.wait()
+    try:
+        translator = load_translator(run, search=SearchConfig(beam_style="fairseq", lenpen_style="avg"),
+                                     cfg=TranslateConfig(engine="ctranslate2", threads=1, device="cpu"))
+        results.put(translator.translate(["ein Mann"])[0].hyp)
+    except Exception as e:  # reported to the test
+        results.put(f"failed: {e!r}")
+
+
+def test_translates_started_at_once_all_succeed(two_runs, tmp_path):
+    """Each finds no export in RUN/ctranslate2/ and would export it: one does, the others wait for
+    it and use it, rather than replacing the directory another is loading."""
+    import multiprocessing
+
+    run = tmp_path / "run"
+    shutil.copytree(two_runs[0], run)
+    spawn = multiprocessing.get_context("spawn")  # a fresh interpreter each: fork after torch can hang
+    n = 4
+    barrier, results = spawn.Barrier(n), spawn.Queue()
+    procs = [spawn.Process(target=_translate_when_all_are_ready, args=(run, barrier, results)) for _ in range(n)]
+    for proc in procs:
+        proc.start()
+    hyps = [results.get(timeout=600) for _ in procs]
+    for proc in procs:
+        proc.join(timeout=60)
+    assert not [h for h in hyps if h.startswith("failed: ")], hyps
+    assert len(set(hyps)) == 1
+    assert [p.name for p in (run / "ctranslate2").iterdir() if p.is_dir()] == ["checkpoint_last"]  # no staging left
+
+
+def test_the_decode_commands_in_export_help_work_as_written(two_runs, tmp_path):
+    """`nmt translate ...` and the Python call in `nmt export --help`, run as they are printed
+    (a model of 256 positions: the Python call decodes up to |X| + 51 tokens)."""
+    run, model = two_runs[0], tmp_path / "model"
+    save_model(tmp_path / "wide.pt", 0, run_identity(RunDir(run)), max_positions=256)
+    assert run_nmt("export", "-r", run, "-c", tmp_path / "wide.pt", "-o", model).returncode == 0
+    help_text = run_nmt("export", "--help", env={"COLUMNS": "1000"}).stdout
+    command = re.search(r"`(nmt translate [^`]*)`", help_text).group(1)
+    args = shlex.split(command.replace("RUN", str(run)).replace("DIR", str(model)))
+    proc = run_nmt(*args[1:], "--threads", "1", input="ein Mann\n")
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.splitlines()) == 1
+
+    import sentencepiece as spm
+
+    snippet = re.search(r"`(ctranslate2\.Translator\(DIR\)[^`]*)`", help_text).group(1)
+    pieces = spm.SentencePieceProcessor(model_file=str(model / "joint.model")).encode("ein Mann", out_type=str)
+    results = eval(snippet, {"ctranslate2": ctranslate2, "DIR": str(model), "pieces": pieces})
+    assert len(results) == 1 and results[0].hypotheses

@@ -1,22 +1,27 @@
 """Scale-out on CPU: DDP over gloo equals one process with gradient accumulation; a dead worker
-stops the job with its rank named; fp16 loss scaling skips overflows and stops on collapse."""
+stops the job with its rank named, a user error in a worker is one line; fp16 loss scaling skips
+overflows and stops on collapse."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
 import torch
 
-from conftest import run_nmt, start_nmt, wait_until
+from conftest import assert_one_line_error, run_nmt, start_nmt, wait_until
+from nmt import distributed as dist_util
 from nmt.checkpoint import load_checkpoint
+from nmt.errors import NmtError
 from test_train import TINY, fresh_copy, prepared  # noqa: F401  (fixture)
 
 DDP_ARGS = [*TINY[:-2], "--warmup", "4", "--dropout", "0", "--max-update", "4", "--seed", "5",
@@ -78,12 +83,49 @@ def test_killed_worker_stops_the_job_naming_its_rank_and_rerun_resumes(prepared,
     assert time.time() - start < 60
     assert parent.returncode != 0
     assert "rank 1" in stderr and "SIGKILL" in stderr and "Traceback" not in stderr
+    assert "re-run the same command to resume from checkpoint_last.pt" in stderr  # it exists: true advice
 
     saved = load_checkpoint(run / "checkpoints/checkpoint_last.pt")["train_state"]["update"]
     again = run_nmt("train", "-r", run, *[a if a != "400" else str(saved + 5) for a in args])
     assert again.returncode == 0, again.stderr
     assert f"at update {saved}" in again.stderr
     assert load_checkpoint(run / "checkpoints/checkpoint_last.pt")["train_state"]["update"] == saved + 5
+
+
+TWO_CPU_PROCESSES = SimpleNamespace(device="cpu", distributed_world_size=2, threads=1)
+
+
+def _rank_1_stops_with_a_user_error(ctx, run_dir, cfg) -> None:
+    if ctx.rank == 1:
+        raise NmtError("out of memory on rank 1; lower --max-tokens")
+    ctx.barrier()  # rank 0 waits for it in a collective, as in an update
+
+
+def _rank_1_is_killed(ctx, run_dir, cfg) -> None:
+    if ctx.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)  # until the launcher stops it
+
+
+def test_a_user_error_in_the_workers_is_one_line_without_resume_advice(prepared, tmp_path):  # noqa: F811
+    run = fresh_copy(prepared, tmp_path / "run")
+    proc = run_nmt("train", "-r", run, *DDP_ARGS, "--device", "cpu", "--distributed-world-size", "2",
+                   "--max-positions", "1")
+    assert_one_line_error(proc, "nmt: error: no training pair fits the model's positions")
+    assert "re-run" not in proc.stderr and "rank" not in proc.stderr
+
+
+def test_a_user_error_in_one_worker_is_its_message_though_its_peer_fails_too(tmp_path):
+    last = tmp_path / "checkpoint_last.pt"
+    last.touch()
+    with pytest.raises(NmtError) as raised:
+        dist_util.launch(_rank_1_stops_with_a_user_error, tmp_path, TWO_CPU_PROCESSES, resume_from=last)
+    assert str(raised.value) == "out of memory on rank 1; lower --max-tokens"
+
+
+def test_a_worker_killed_before_any_checkpoint_gets_no_resume_advice(tmp_path):
+    with pytest.raises(NmtError, match=r"^training process rank 1 died \(killed by SIGKILL\); the others were stopped$"):
+        dist_util.launch(_rank_1_is_killed, tmp_path, TWO_CPU_PROCESSES, resume_from=tmp_path / "checkpoint_last.pt")
 
 
 # -- fp16 dynamic loss scaling (on CPU) --------------------------------------------------------

@@ -40,9 +40,9 @@ def make_run(root: Path, words: str, seed: int, with_hash: bool = True) -> Path:
     return root
 
 
-def save_model(path: Path, seed: int, identity: dict | None, update: int = 10) -> None:
+def save_model(path: Path, seed: int, identity: dict | None, update: int = 10, max_positions: int = 32) -> None:
     torch.manual_seed(seed)
-    model = Transformer(build_config("tiny", VOCAB, VOCAB, max_positions=32))
+    model = Transformer(build_config("tiny", VOCAB, VOCAB, max_positions=max_positions))
     ckpt = {"model": model.state_dict(), "config": model.cfg.to_dict(), "train_state": {"update": update}}
     if identity is not None:
         ckpt["identity"] = identity

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
+import os
 import shutil
+import sys
 import unicodedata
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +18,8 @@ import pytest
 from conftest import assert_one_line_error, run_nmt
 from nmt.cleaning import CleaningRules, count_reasons, drop_codes
 from nmt.data import TokenArray
+from nmt.errors import NmtError
+from nmt.preprocess import PreprocessConfig, run_preprocess
 from nmt.bpe_cache import BpeWordCache
 from nmt.vocab_sample import UniformSample
 from nmt.textio import decode_block
@@ -377,3 +383,54 @@ def test_empty_corpus_is_one_line(tmp_path, existing_run):
     before = snapshot(existing_run)
     for proc in run_both(tmp_path, existing_run, "--trainpref", tmp_path / "e"):
         assert_untouched(tmp_path, existing_run, before, proc, "train corpus is empty")
+
+
+# -- faults while writing and reading ----------------------------------------------------------
+
+def write_tiny_corpus(prefix: Path, n: int = 300) -> None:
+    """`n` pairs of short made-up sentences: enough for a 40-piece vocabulary, no data needed."""
+    words = "a man rides a bike across the street two dogs play in the snow while children laugh".split()
+    for lang in ("en", "de"):
+        write_lines(Path(f"{prefix}.{lang}"), [" ".join(words[(i + j) % len(words)] for j in range(3 + i % 9))
+                                               for i in range(n)])
+
+
+def test_a_full_disk_names_the_file_being_written(tmp_path, monkeypatch, capsys):
+    """Writes to an open file raise OSError without a file name; the message must not guess
+    'standard output' but name the split file, and leave no run directory behind."""
+    from nmt.data import TokenArrayWriter
+    from nmt_cli import main as cli
+
+    def full_disk(self, flat, sizes):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    write_tiny_corpus(tmp_path / "c")
+    monkeypatch.setattr(TokenArrayWriter, "add", full_disk)
+    monkeypatch.setattr(sys, "argv", ["nmt", "preprocess", *LANGS, "--trainpref", str(tmp_path / "c"),
+                                      "--vocab-size", "40", "-j", "1", "-r", str(tmp_path / "run")])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and err.count("\n") == 1
+    assert err.startswith("nmt: error: no space left on device: ") and "free some space" in err
+    named = err.removeprefix("nmt: error: no space left on device: ").split(";")[0]
+    assert "standard output" not in err
+    assert named.startswith(str(tmp_path)) and named.endswith("data/train.en.bin")  # in the run's staging folder
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_truncated_gz_names_the_file_and_its_last_whole_line(tmp_path):
+    """The line counted before any heavy work reads 1 MiB blocks; the line named is still the
+    last one decompressed whole, not the last block returned (which was 0 for a small file)."""
+    write_tiny_corpus(tmp_path / "c", 3000)
+    for lang in ("en", "de"):
+        data = gzip.compress((tmp_path / f"c.{lang}").read_bytes())
+        (tmp_path / f"cut.{lang}.gz").write_bytes(data[: len(data) // 2])
+    cut = (tmp_path / "cut.en.gz").read_bytes()
+    whole = zlib.decompressobj(wbits=31).decompress(cut).count(b"\n")
+    assert 0 < whole < 3000
+    cfg = PreprocessConfig(source_lang="en", target_lang="de", trainpref=str(tmp_path / "cut"), vocab_size=40, workers=1)
+    with pytest.raises(NmtError) as refused:
+        run_preprocess(tmp_path / "run", cfg, progress=False)
+    assert str(refused.value).startswith(f"{tmp_path / 'cut.en.gz'} is damaged after line {whole} (truncated: ")
+    assert not (tmp_path / "run").exists()

@@ -237,3 +237,62 @@ def test_a_resume_whose_precision_differs_from_the_records_says_so(prepared, tmp
     # an ordinary resume says nothing about precision
     again = run_nmt("train", "-r", run, "--max-update", "6")
     assert again.returncode == 0 and "warning: precision" not in again.stderr
+
+
+def files_of(run: Path) -> dict[str, bytes]:
+    """Every byte of a run's checkpoints/ and logs/, by relative path."""
+    return {str(p.relative_to(run)): p.read_bytes() for folder in ("checkpoints", "logs")
+            for p in sorted((run / folder).rglob("*")) if p.is_file()}
+
+
+def numbered(run: Path, update: int) -> Path:
+    """checkpoint_{epoch}_{update}.pt, whatever epoch the update fell in."""
+    (path,) = (run / "checkpoints").glob(f"checkpoint_*_{update}.pt")
+    return path
+
+
+def test_a_fine_tuned_run_without_checkpoint_last_is_refused_and_left_byte_identical(prepared, tmp_path):  # noqa: F811
+    """Re-running the first launch's command (or plain `nmt train`) must not fine-tune again at
+    update 0, truncate the logs or overwrite the numbered checkpoints; the hinted --restore-file
+    continues the run (it is not refused for the recorded --finetune-from)."""
+    a = fresh_copy(prepared, tmp_path / "a")
+    assert run_nmt("train", "-r", a, *TINY, "--max-update", "6").returncode == 0
+    b = fresh_copy(prepared, tmp_path / "b")
+    tune = [*TINY, "--finetune-from", str(a / "checkpoints/checkpoint_last.pt"), "--save-interval-updates", "5",
+            "--max-update", "20", "--log-interval", "1"]
+    assert run_nmt("train", "-r", b, *tune).returncode == 0
+    (b / "checkpoints/checkpoint_last.pt").unlink()
+    before = files_of(b)
+    newest = numbered(b, 20)
+    for command in (tune, []):
+        assert_one_line_error(run_nmt("train", "-r", b, *command), "no checkpoint_last.pt", f"--restore-file {newest}")
+        assert files_of(b) == before
+    more = run_nmt("train", "-r", b, "--restore-file", str(newest), "--max-update", "22")
+    assert more.returncode == 0, more.stderr
+    updates = [u for kind, u, _, _ in logged(b) if kind == "train"]
+    assert updates == list(range(1, 23))  # one log, continued: nothing started over
+
+
+def test_a_damaged_last_in_a_reset_run_is_continued_with_its_adam_state_and_schedule(prepared, tmp_path):  # noqa: F811
+    """A run started with --restore-file A --reset-optimizer --reset-lr-scheduler whose
+    checkpoint_last.pt is damaged: the same command is refused (no roll-back to A), and the
+    hinted --restore-file continues exactly as an unbroken run, without resetting again."""
+    a = fresh_copy(prepared, tmp_path / "a")
+    assert run_nmt("train", "-r", a, *TINY, "--max-update", "8", "--seed", "5").returncode == 0
+    start = [*TINY, "--restore-file", str(a / "checkpoints/checkpoint_last.pt"), "--reset-optimizer",
+             "--reset-lr-scheduler", "--save-interval-updates", "4", "--log-interval", "1", "--keep-last", "-1"]
+    unbroken, broken = fresh_copy(prepared, tmp_path / "unbroken"), fresh_copy(prepared, tmp_path / "broken")
+    assert run_nmt("train", "-r", unbroken, *start, "--max-update", "24").returncode == 0
+    assert run_nmt("train", "-r", broken, *start, "--max-update", "16").returncode == 0
+    last = broken / "checkpoints/checkpoint_last.pt"
+    last.write_bytes(b"")  # zero bytes; checkpoint_*_16.pt is the same file
+    before = files_of(broken)
+    intact = numbered(broken, 12)
+    same = run_nmt("train", "-r", broken, *start, "--max-update", "24")
+    assert_one_line_error(same, "checkpoint_last.pt", "not one of this run's checkpoints", f"--restore-file {intact}")
+    assert files_of(broken) == before
+    resumed = run_nmt("train", "-r", broken, "--restore-file", str(intact), "--max-update", "24")
+    assert resumed.returncode == 0, resumed.stderr
+    lrs = {u: lr for kind, u, _, lr in logged(unbroken) if kind == "train"}
+    assert {u: lr for kind, u, _, lr in logged(broken) if kind == "train"} == lrs  # update 13's lr included
+    assert_bit_identical(unbroken, broken)  # Adam's moments continued, not reset

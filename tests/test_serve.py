@@ -15,7 +15,7 @@ pytest.importorskip("uvicorn", reason="nmt serve needs the serve extra (make ins
 
 import nmt  # noqa: E402
 from conftest import assert_one_line_error, run_nmt  # noqa: E402
-from nmt.serve import parse_body  # noqa: E402
+from nmt.serve import ClientError, parse_body  # noqa: E402
 from nmt.serve_config import ServeConfig  # noqa: E402
 from serve_helpers import Server  # noqa: E402
 from test_translate import _lines, run_dir  # noqa: E402, F401  (fixture)
@@ -109,7 +109,21 @@ def test_twenty_concurrent_clients_get_their_own_answers_in_fewer_model_calls(se
     (b'{"text": "a", "beam": "4"}', 400, '"beam" must be an integer'),
     (b'{"text": "a", "beam": 0}', 400, '"beam" must be between 1 and 16'),
     (b'{"text": "a", "beam": 2, "nbest": 3}', 400, "nbest must be between 1 and beam (2)"),
-    (b'{"text": "a", "lenpen": true}', 400, '"lenpen" must be a finite number'),
+    (b'{"text": "a", "lenpen": true}', 400, '"lenpen" must be a number, not boolean'),
+    (b'{"text": "a", "lenpen": "0.6"}', 400, '"lenpen" must be a number, not string'),
+    (b'{"text": "a", "lenpen": 1e308}', 400, '"lenpen" must be at most 10, not 1e+308'),
+    (b'{"text": "a", "lenpen": NaN}', 400, '"lenpen" must be a finite number in [0, 10], not nan'),
+    (b'{"text": "a", "lenpen": -Infinity}', 400, "not -inf"),
+    (b'{"text": "a", "lenpen": 1' + b"0" * 400 + b'}', 400, '"lenpen" must be at most 10, not 100000000000000000000...'),
+    (b'{"text": "a", "lenpen": -0.5}', 400, '"lenpen" must be at least 0, not -0.5'),
+    (b'{"text": "a", "beam": 1000000}', 400, '"beam" must be between 1 and 16, not 1000000'),
+    (b'{"text": "a", "beam": 4.0}', 400, '"beam" must be an integer, not number'),
+    (b'{"text": "a", "nbest": "1"}', 400, '"nbest" must be an integer, not string'),
+    (b'{"text": {"a": "b"}}', 400, '"text" must be a string or a list of strings, not object'),
+    (b'{"text": "ok \\ud800"}', 400, '"text" holds a lone surrogate'),
+    (b'{"text": ["ok", "\\udfff"]}', 400, '"text" (item 1) holds a lone surrogate'),
+    (b"[" * 40000 + b"]" * 40000, 400, "nested too deeply"),
+    (b'{"text": "a", "beam": ' + b"1" * 5000 + b"}", 400, "a number with thousands of digits"),
     (json.dumps({"text": "x" * 2001}).encode(), 413, "2001 characters"),
     (json.dumps({"text": ["a"] * 41}).encode(), 413, "41 sentences"),
     (b'{"text": "' + b"a" * (12 * 2000 + 70000) + b'"}', 413, "larger than"),
@@ -120,6 +134,15 @@ def test_bad_bodies_get_a_4xx_with_a_one_line_json_reason(server, body, status, 
     assert headers["content-type"] == "application/json"
     error = json.loads(raw)["error"]
     assert needle in error and "\n" not in error and "Traceback" not in error
+
+
+def test_a_too_large_body_gets_its_413_even_when_the_connection_closes_after_it(server):
+    """The client sends all 20 MB before it reads; the server reads them (and drops them) so
+    that closing the connection does not reset it before the client has read the 413."""
+    body = b'{"text": "' + b"a" * 20_000_000 + b'"}'
+    for headers in ({}, {"Connection": "close"}):
+        got, _, raw = server.request("POST", "/translate", body, {"Content-Type": "application/json", **headers})
+        assert got == 413 and "larger than" in json.loads(raw)["error"]
 
 
 def test_unknown_paths_and_methods_get_json_errors(server):
@@ -173,6 +196,39 @@ def test_a_port_in_use_is_a_one_line_error(run_dir):
         taken.listen()
         port = taken.getsockname()[1]
         assert_one_line_error(run_nmt("serve", "-r", run_dir, "--port", port, timeout=120), "cannot listen", str(port))
+
+
+def test_the_ctranslate2_engine_serves_translations_and_info(run_dir, tmp_path):
+    pytest.importorskip("ctranslate2")
+    search = {"beam_style": "fairseq", "lenpen_style": "avg", "max_len_b": 6}
+    model = nmt.load(run_dir, device="cpu", threads=1, engine="ctranslate2", **search)  # exports RUN/ctranslate2 first
+    srv = Server(run_dir, "--threads", "1", "--engine", "ctranslate2", "--beam-style", "fairseq", "--lenpen-style", "avg",
+                 "--max-len-b", "6", log_dir=tmp_path)
+    try:
+        lines = _lines(4, 31) + [""]
+        status, answer = srv.post({"text": lines, "beam": 3, "nbest": 2})
+        assert status == 200, answer
+        assert [t["text"] for t in answer["translations"]] == model.translate(lines, beam=3)
+        assert answer["settings"]["engine"] == "ctranslate2" and answer["settings"]["beam"] == 3
+        info = srv.get("/info")
+        assert info["settings"]["device"] == "cpu" and info["settings"]["dtype"] == "float32"
+        torch_model = nmt.load(run_dir, device="cpu").translator.models[0]  # the checkpoint CTranslate2 runs
+        assert info["model"] == torch_model.cfg.to_dict()
+        assert info["parameters"] == sum(p.numel() for p in torch_model.parameters())
+        assert srv.terminate() == 0
+        assert "Traceback" not in srv.output()
+    finally:
+        srv.stop()
+
+
+def test_a_default_beam_no_request_may_ask_for_is_a_one_line_error(run_dir):
+    assert_one_line_error(run_nmt("serve", "-r", run_dir, "--port", "0", "--beam", "20", timeout=120), "--beam 20", "--max-beam 16")
+
+
+def test_parse_body_refuses_100k_deep_json_with_a_400():
+    with pytest.raises(ClientError) as e:
+        parse_body(b"[" * 100_000 + b"]" * 100_000, ServeConfig())
+    assert e.value.status == 400 and "nested too deeply" in e.value.reason
 
 
 def test_parse_body_limits_count_characters_not_bytes():

@@ -59,3 +59,18 @@ def test_the_run_records_and_the_checkpoint_name_the_model_fields_alike(trained_
     checkpoint = torch.load(trained_tiny_run / "checkpoints/checkpoint_last.pt", weights_only=True)
     assert set(checkpoint["train_config"]["model"]) == set(record["model"])
     assert set(MODEL_NAMES) <= set(checkpoint["config"])
+
+
+def test_log_lines_show_the_lr_to_4_significant_digits_and_train_jsonl_keeps_the_float(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from nmt.train_log import TrainLogger
+
+    lr = 512**-0.5 * 4321**-0.5  # the paper's rate after warmup: 0.0006723151323010935
+    logger = TrainLogger(tmp_path, log_interval=1, progress_bar=False)
+    logger.device = torch.device("cpu")
+    sums = {"loss_sum": 10.0, "nll_sum": 9.0, "ntokens": 5.0, "src_tokens": 5.0, "nsentences": 1.0, "gnorm": 1.0}
+    logger.train_update(SimpleNamespace(epoch=1, update=4321, train_time=1.0), {**sums, "lr": lr})
+    logger.close()
+    assert "| lr 0.0006723 |" in (tmp_path / "train.log").read_text() and "| lr 0.0006723 |" in capsys.readouterr().err
+    assert json.loads((tmp_path / "train.jsonl").read_text())["lr"] == lr
