@@ -1,7 +1,7 @@
 """The projected loss's chunk size: forward + backward time of the label-smoothed loss over
 `hidden @ weight.T` for several logits-per-chunk settings, on the CPU or a GPU.
 
-Sets the constants `nmt.loss.PROJECTED_CHUNK_ELEMENTS` (CPU) and `..._CUDA` (GPU): too small a
+Sets the constants `nmt.train.loss.PROJECTED_CHUNK_ELEMENTS` (CPU) and `..._CUDA` (GPU): too small a
 chunk makes many small matrix products and adds the whole weight gradient once per chunk; too
 large a one spills the chunk's logits out of cache (CPU) or costs memory (GPU). Prints ms per
 call for each setting and the peak memory the call took on a GPU.
@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from nmt import loss as loss_module  # noqa: E402
-from nmt.loss import ProjectedLogits, label_smoothed_nll_loss  # noqa: E402
+from nmt.ops import projected_loss as loss_module  # noqa: E402
+from nmt.train.loss import ProjectedLogits, label_smoothed_nll_loss  # noqa: E402
 
 
 def time_chunk(elements: int, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, dtype: torch.dtype,

@@ -47,7 +47,7 @@ def build_corpus(multi30k: Path, out_prefix: Path, pairs: int, langs: tuple[str,
 def learn_vocabulary(multi30k: Path, run_dir: Path, vocab_size: int, langs: tuple[str, str]) -> Path:
     """Learn the joint BPE vocabulary once, from the original Multi30k train (not timed)."""
     sys.path.insert(0, str(REPO))
-    from nmt.preprocess import PreprocessConfig, run_preprocess
+    from nmt.preprocess.pipeline import PreprocessConfig, run_preprocess
 
     cfg = PreprocessConfig(source_lang=langs[0], target_lang=langs[1], trainpref=str(multi30k / "train"),
                            vocab_size=vocab_size, workers=1)

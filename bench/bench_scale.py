@@ -6,14 +6,14 @@ training pairs are not on these machines). The joint BPE vocabulary is learned f
 newstest sets beforehand (not timed). Then, each printed:
 
 1. `nmt preprocess --vocab ...` on the corpus: wall time, pairs/s, peak RSS of its process tree;
-2. the first epoch's batch formation and shuffling (nmt.batching.make_batches) at --max-tokens;
+2. the first epoch's batch formation and shuffling (nmt.data.batching.make_batches) at --max-tokens;
 3. per training process of `--distributed-world-size 2 --device cpu`, what the data path holds
    before any model exists (both sides' offsets and sizes, the epoch's batches, the first
    update's collated batches): peak RSS, measured in two spawned processes;
 4. the real `nmt train --distributed-world-size 2 --device cpu --arch small`: seconds from the
    command's start to its first logged update, and each training process's peak RSS;
 5. a `big` checkpoint (model, Adam moments, vocabulary --big-vocab) written with
-   nmt.checkpoint.save_checkpoint: seconds and size.
+   nmt.run.checkpoint.save_checkpoint: seconds and size.
 
 Targets (issue 11): batch formation < 10 s for 4.5M pairs; < 2 GB per training process
 before the model is built.
@@ -70,7 +70,7 @@ def build_corpus(wmt14: Path, out_prefix: Path, pairs: int, seed: int = 0) -> di
 
 def learn_vocabulary(wmt14: Path, tmp: Path, vocab_size: int) -> Path:
     """Joint BPE from the two newstest sets (not timed)."""
-    from nmt.preprocess import PreprocessConfig, run_preprocess
+    from nmt.preprocess.pipeline import PreprocessConfig, run_preprocess
 
     for lang in LANGS:
         with open(tmp / f"newstest.{lang}", "wb") as f:
@@ -84,8 +84,8 @@ def learn_vocabulary(wmt14: Path, tmp: Path, vocab_size: int) -> Path:
 
 def time_batch_formation(run_dir: Path, max_tokens: int) -> dict:
     """Load the binarized corpus as training does and form two epochs' batches."""
-    from nmt.batching import make_batches, usable_indices
-    from nmt.data import TokenArray
+    from nmt.data.batching import make_batches, usable_indices
+    from nmt.data.token_arrays import TokenArray
 
     prep = json.loads((run_dir / "config" / "preprocess.json").read_text())
     t = time.perf_counter()
@@ -114,8 +114,8 @@ def _data_path_rank(rank: int, world: int, run_dir: str, max_tokens: int, out: "
     """What one training process's data path holds before the model: corpus, batches, first update."""
     import torch  # a training process has torch loaded, so its baseline is counted
 
-    from nmt.batching import collate, make_batches, usable_indices
-    from nmt.data import TokenArray
+    from nmt.data.batching import collate, make_batches, usable_indices
+    from nmt.data.token_arrays import TokenArray
 
     base = _high_water_mib()
     prep = json.loads((Path(run_dir) / "config" / "preprocess.json").read_text())
@@ -181,9 +181,9 @@ def big_checkpoint_write(path: Path, vocab: int) -> dict:
     """A `big` model with Adam state, written the way training writes checkpoints."""
     import torch
 
-    from nmt.checkpoint import save_checkpoint
-    from nmt.model import Transformer
-    from nmt.model_config import build_config
+    from nmt.run.checkpoint import save_checkpoint
+    from nmt.model.transformer import Transformer
+    from nmt.model.config import build_config
 
     cfg = build_config("big", vocab, vocab)
     model = Transformer(cfg)

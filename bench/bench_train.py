@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import DEFAULT_MULTI30K, DEFAULT_WMT14, REPO, matmul_flops, peak_rss_mib, write_result  # noqa: E402
 
 sys.path.insert(0, str(REPO))
-from nmt.precision import cpu_bf16_units  # noqa: E402
+from nmt.device import cpu_bf16_units  # noqa: E402
 
 
 def prepare(run_dir: Path, data: str, multi30k: Path, wmt14: Path, vocab_size: int) -> None:
@@ -82,18 +82,19 @@ def measure(run_dir: Path, arch: str, amp: str, updates: int, max_tokens: int, t
     """Train `updates` updates in this process; time the training steps only."""
     import torch
 
-    from nmt.batch_stream import BatchStream
-    from nmt.distributed import DistContext, resolve_device
-    from nmt.model import non_embedding_parameters
-    from nmt.train import Trainer
-    from nmt.train_config import ModelSettings, TrainConfig
+    from nmt.data.batch_stream import BatchStream
+    from nmt.device import resolve_device
+    from nmt.train.distributed import DistContext
+    from nmt.model.transformer import non_embedding_parameters
+    from nmt.train.loop import Trainer
+    from nmt.train.config import ModelSettings, TrainConfig
 
     torch.set_num_threads(threads)
     work = Path(tempfile.mkdtemp(prefix="bench-train-"))
     for sub in ("config", "vocab", "data"):
         shutil.copytree(run_dir / sub, work / sub)
     cfg = TrainConfig(model=ModelSettings(arch=arch), amp=amp, max_tokens=max_tokens, threads=threads, device=device,
-                      no_progress_bar=True, save_interval_minutes=0, max_update=updates, log_interval=10**9)
+                      progress_bar=False, save_interval_minutes=0, max_update=updates, log_interval=10**9)
     dev = resolve_device(device)
     if dev.type == "cuda":
         torch.cuda.set_device(0)

@@ -56,12 +56,12 @@ def build_random_run(root: Path, multi30k: Path, arch: str, vocab_size: int) -> 
     """A run directory with a learned vocabulary and a random model, as preprocess + train leave it."""
     import torch
 
-    from nmt.checkpoint import save_checkpoint
-    from nmt.identity import IDENTITY_KEY, run_identity
-    from nmt.model import Transformer
-    from nmt.model_config import build_config
-    from nmt.rundir import RunDir
-    from nmt.tokenizer import load_tokenizer, train_tokenizer
+    from nmt.run.checkpoint import save_checkpoint
+    from nmt.run.identity import IDENTITY_KEY, run_identity
+    from nmt.model.transformer import Transformer
+    from nmt.model.config import build_config
+    from nmt.run.directory import RunDir
+    from nmt.data.tokenizer import load_tokenizer, train_tokenizer
 
     lines = [l.rstrip("\n") for name in ("train.en.gz", "train.de.gz") for l in gzip.open(multi30k / name, "rt", encoding="utf-8")]
     model_file = train_tokenizer("bpe", lines, vocab_size, root / "vocab" / "joint.model")
@@ -90,8 +90,8 @@ def model_flops(model, source_tokens: int, decoder_rows: int) -> float:
 
 def time_ctranslate2(run: Path, lines: list[str], compute_type: str, args, length: dict) -> tuple[dict, list[str]]:
     """CTranslate2 sentences/s with nmt's tokenization and line handling around it; and its output lines."""
-    from nmt.translate import load_translator
-    from nmt.translate_config import SearchConfig, TranslateConfig
+    from nmt.inference.translator import load_translator
+    from nmt.inference.config import SearchConfig, TranslateConfig
 
     search = SearchConfig(beam=4, beam_style="fairseq", lenpen_style="avg", **length)
     cfg = TranslateConfig(device=args.device, threads=args.threads, max_tokens=args.max_tokens,
@@ -107,9 +107,9 @@ def time_ctranslate2(run: Path, lines: list[str], compute_type: str, args, lengt
 
 
 def time_in_process(run: Path, lines: list[str], beam: int, args, length: dict, **search_args) -> dict:
-    from nmt.model import Transformer
-    from nmt.translate import load_translator
-    from nmt.translate_config import SearchConfig, TranslateConfig
+    from nmt.model.transformer import Transformer
+    from nmt.inference.translator import load_translator
+    from nmt.inference.config import SearchConfig, TranslateConfig
 
     search = SearchConfig(beam=beam, **length, **search_args)
     cfg = TranslateConfig(device=args.device, threads=args.threads, amp=args.amp, max_tokens=args.max_tokens)
@@ -189,7 +189,7 @@ def main() -> None:
 
     import torch
 
-    from nmt.translate_config import TranslateConfig
+    from nmt.inference.config import TranslateConfig
 
     if args.max_tokens is None:
         args.max_tokens = TranslateConfig.max_tokens
@@ -245,9 +245,9 @@ def bench_model(label: str, run: Path, weights: str, length: dict, lines: list[s
         say(f"nmt beam {beam} (t2t): {r['sentences_per_s']} sentences/s, {r['target_tokens_per_s']} target tokens/s "
             f"({r['seconds']} s for {len(lines)} lines; model {r['model_gflop_per_s']} GFLOP/s)")
     if not args.no_ct2:
-        from nmt.translate import default_checkpoint
-        from nmt.rundir import RunDir
-        from nmt.translate_ctranslate2 import cached_model_dir
+        from nmt.inference.checkpoints import default_checkpoint
+        from nmt.run.directory import RunDir
+        from nmt.inference.ctranslate2_engine import cached_model_dir
 
         cached_model_dir(RunDir(run), default_checkpoint(RunDir(run)))  # the export is not timed
         nmt_same = time_in_process(run, lines, 4, args, length, beam_style="fairseq", lenpen_style="avg")

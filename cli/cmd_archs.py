@@ -14,16 +14,16 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """List the architectures (--arch) with their parameter counts for a shared vocabulary."""
         from nmt.errors import NmtError
-        from nmt.tokenizer import SPECIAL_TOKENS
+        from nmt.data.tokenizer import SPECIAL_TOKENS
 
-        from nmt.ranges import Range, check_value
+        from nmt.settings import Range, check_value
 
         check_value("vocab_size", vocab_size, Range(len(SPECIAL_TOKENS) + 1, 10_000_000))
         from rich.console import Console
         from rich.table import Table
 
-        from nmt.model import Transformer, count_parameters
-        from nmt.model_config import ARCHS, build_config
+        from nmt.model.transformer import Transformer, count_parameters
+        from nmt.model.config import ARCHS, build_config
         import torch
 
         table = Table(title=f"Architectures (joint vocabulary {vocab_size}, shared embeddings)")

@@ -27,9 +27,9 @@ def register(app: typer.Typer) -> None:
         """Average the parameters of several checkpoints into checkpoint_avg.pt."""
         from nmt.average import average_into, distinct_files, last_checkpoint_infos, span_warning
         from nmt.errors import NmtError
-        from nmt.rundir import RunDir, resolve_run_dir
+        from nmt.run.directory import RunDir, resolve_run_dir
 
-        from nmt.ranges import POSITIVE, Range, check_value
+        from nmt.settings import POSITIVE, Range, check_value
 
         check_value("last", last, POSITIVE)
         check_value("max_span", max_span, Range(0.0, 1.0))

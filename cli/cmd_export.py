@@ -34,8 +34,8 @@ def register(app: typer.Typer) -> None:
         force: Annotated[bool, typer.Option("--force", help="Replace an earlier export at --output; never anything else (a run directory, a folder nmt did not write).")] = False,
     ) -> None:
         from nmt.errors import NmtError
-        from nmt.export_ctranslate2 import export_ctranslate2
-        from nmt.rundir import resolve_run_dir
+        from nmt.export.ctranslate2 import export_ctranslate2
+        from nmt.run.directory import resolve_run_dir
 
         if format != "ctranslate2":
             raise NmtError(f"unknown --format {format!r}; the export format is ctranslate2")

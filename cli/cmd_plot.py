@@ -18,8 +18,8 @@ def register(app: typer.Typer) -> None:
         output: Annotated[Optional[Path], typer.Option("--output", "-o", help="PNG to write (default: RUN/learning_curves.png).", show_default=False)] = None,
     ) -> None:
         """Draw train/valid loss, learning rate and valid BLEU from RUN/logs/train.jsonl."""
-        from nmt.plot import plot_learning_curves
-        from nmt.rundir import RunDir, resolve_run_dir
+        from nmt.train.plot import plot_learning_curves
+        from nmt.run.directory import RunDir, resolve_run_dir
 
         rd = RunDir(resolve_run_dir(run_dir))
         png = plot_learning_curves(rd.log_dir / "train.jsonl", output or rd.root / "learning_curves.png")

@@ -2,62 +2,45 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional
+import inspect
+from typing import Annotated, Any
 
 import typer
 
-from nmt.preprocess_config import PreprocessConfig
+from nmt.preprocess.config import PreprocessConfig
 from nmt_cli.common import RunDirOption
+from nmt_cli.dataclass_options import dataclass_parameters, with_parameters
 
-_D = PreprocessConfig()
-_h = PreprocessConfig.help
+SHORT = {"source_lang": "-s", "target_lang": "-t", "workers": "-j"}
+"""fairseq-preprocess's short options."""
+
+HELP = (
+    "Learn a subword vocabulary and binarize parallel text (PREFIX.SRC / PREFIX.TGT) into the run directory.\n\n"
+    "Writes vocab/, data/{split}.{lang}.bin/.idx and config/preprocess.json; ends with a summary on stderr."
+)
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("preprocess")
-    def preprocess(
-        source_lang: Annotated[Optional[str], typer.Option("--source-lang", "-s", help=_h("source_lang"), show_default=False)] = None,
-        target_lang: Annotated[Optional[str], typer.Option("--target-lang", "-t", help=_h("target_lang"), show_default=False)] = None,
-        trainpref: Annotated[Optional[str], typer.Option(help=_h("trainpref"), show_default=False)] = _D.trainpref,
-        validpref: Annotated[Optional[str], typer.Option(help=_h("validpref"), show_default=False)] = _D.validpref,
-        testpref: Annotated[Optional[str], typer.Option(help=_h("testpref"), show_default=False)] = _D.testpref,
-        vocab_type: Annotated[str, typer.Option(help=_h("vocab_type"))] = _D.vocab_type,
-        vocab_size: Annotated[int, typer.Option(help=_h("vocab_size"))] = _D.vocab_size,
-        joined: Annotated[bool, typer.Option("--joined/--no-joined", help=_h("joined"))] = _D.joined,
-        vocab: Annotated[Optional[str], typer.Option(help=_h("vocab"), show_default=False)] = _D.vocab,
-        vocab_sample_lines: Annotated[int, typer.Option(help=_h("vocab_sample_lines"))] = _D.vocab_sample_lines,
-        character_coverage: Annotated[float, typer.Option(help=_h("character_coverage"))] = _D.character_coverage,
-        moses: Annotated[bool, typer.Option("--moses/--no-moses", help=_h("moses"))] = _D.moses,
-        min_len: Annotated[int, typer.Option(help=_h("min_len"))] = _D.min_len,
-        max_len: Annotated[int, typer.Option(help=_h("max_len"))] = _D.max_len,
-        max_ratio: Annotated[float, typer.Option(help=_h("max_ratio"))] = _D.max_ratio,
-        encoding_errors: Annotated[str, typer.Option(help=_h("encoding_errors"))] = _D.encoding_errors,
-        seed: Annotated[int, typer.Option(help=_h("seed"))] = _D.seed,
-        workers: Annotated[int, typer.Option("--workers", "-j", help=_h("workers"))] = _D.workers,
-        force: Annotated[bool, typer.Option("--force", help="Replace an existing preprocessing result made with other settings.")] = False,
-        run_dir: RunDirOption = None,
-    ) -> None:
-        """Learn a subword vocabulary and binarize parallel text (PREFIX.SRC / PREFIX.TGT) into the run directory.
+    params = dataclass_parameters(PreprocessConfig, short=SHORT)
+    params += [
+        inspect.Parameter("force", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[
+            bool, typer.Option("--force", help="Replace an existing preprocessing result made with other settings.")]),
+        inspect.Parameter("run_dir", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=RunDirOption),
+    ]
 
-        Writes vocab/, data/{split}.{lang}.bin/.idx and config/preprocess.json; ends with a summary on stderr.
-        """
-        from nmt.preprocess import run_preprocess
-        from nmt.rundir import resolve_run_dir
+    def preprocess_command(**kwargs: Any) -> None:
+        from nmt.preprocess.pipeline import run_preprocess
+        from nmt.run.directory import resolve_run_dir
 
-        cfg = PreprocessConfig(
-            source_lang=source_lang or "", target_lang=target_lang or "", trainpref=trainpref, validpref=validpref,
-            testpref=testpref, vocab_type=vocab_type, vocab_size=vocab_size, joined=joined, vocab=vocab,
-            vocab_sample_lines=vocab_sample_lines, character_coverage=character_coverage, moses=moses,
-            min_len=min_len, max_len=max_len, max_ratio=max_ratio, encoding_errors=encoding_errors, seed=seed,
-            workers=workers,
-        )
-        root = resolve_run_dir(run_dir)
-        result = run_preprocess(root, cfg, force=force)
+        force, root = kwargs.pop("force"), resolve_run_dir(kwargs.pop("run_dir"))
+        result = run_preprocess(root, PreprocessConfig(**kwargs), force=force)
         console = _stderr_console()
         for note in result.notes:
             console.print(f"nmt preprocess: {note}", highlight=False, soft_wrap=True)  # one line, however long
         if not result.skipped:
             print_summary(console, result.record, root)
+
+    app.command("preprocess", help=HELP)(with_parameters(preprocess_command, params))
 
 
 def _stderr_console() -> Any:
@@ -73,7 +56,7 @@ def print_summary(console: Any, record: dict[str, Any], root: Any) -> None:
     """The summary table: per split and side, sentences, tokens, unknown-token rate, drops."""
     from rich.table import Table
 
-    from nmt.cleaning import reasons_text
+    from nmt.preprocess.cleaning import reasons_text
 
     summary = record["summary"]
     table = Table(title=f"nmt preprocess: {root}", title_justify="left")

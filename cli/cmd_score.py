@@ -30,15 +30,15 @@ def register(app: typer.Typer) -> None:
         """Score hypotheses against references: sacreBLEU BLEU with its signature and chrF."""
         from nmt import score as scoring
         from nmt.errors import NmtError
-        from nmt.textio import read_lines, stdin_lines
+        from nmt.data.textio import read_lines, stdin_lines
 
         if encoding_errors not in ("strict", "replace"):
             raise NmtError(f"--encoding-errors must be strict or replace, not {encoding_errors!r}")
         if (ref is None) == (subset is None):
             raise NmtError("give the references with --ref FILE, or --subset SPLIT to use the run's recorded split (not both)")
         if subset is not None:
-            from nmt.rundir import resolve_run_dir
-            from nmt.splits import split_text_file, target_lang
+            from nmt.run.directory import resolve_run_dir
+            from nmt.run.splits import split_text_file, target_lang
 
             run_path = resolve_run_dir(run_dir)
             ref = [split_text_file(run_path, subset, "target")]

@@ -21,8 +21,8 @@ NOT_FOR_SERVE = ("buffer_size", "encoding_errors")
 
 
 def register(app: typer.Typer) -> None:
-    from nmt.serve_config import ServeConfig
-    from nmt.translate_config import SearchConfig, TranslateConfig
+    from nmt.serve.config import ServeConfig
+    from nmt.inference.config import SearchConfig, TranslateConfig
 
     serve_fields = [p.name for p in dataclass_parameters(ServeConfig)]
     params = [
@@ -37,8 +37,8 @@ def register(app: typer.Typer) -> None:
                if p.name not in NOT_FOR_SERVE]
 
     def serve_command(**kwargs: Any) -> None:
-        from nmt.rundir import resolve_run_dir
-        from nmt.serve import serve
+        from nmt.run.directory import resolve_run_dir
+        from nmt.serve.app import serve
 
         run_dir = resolve_run_dir(kwargs.pop("run_dir"))
         checkpoints = kwargs.pop("checkpoint") or []

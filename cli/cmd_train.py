@@ -15,9 +15,9 @@ PANELS = {
     "Model": {"arch", "d_model", "d_ff", "n_heads", "encoder_layers", "decoder_layers", "dropout", "attention_dropout",
               "relu_dropout", "max_positions", "share_all_embeddings", "share_decoder_input_output_embed", "pre_ln"},
     "Validation and checkpoints": {"validate_interval_updates", "eval_bleu", "save_interval_updates", "save_interval_minutes",
-                                   "keep_last", "keep_last_epochs", "no_epoch_checkpoints", "patience",
+                                   "keep_last", "keep_last_epochs", "epoch_checkpoints", "patience",
                                    "best_checkpoint_metric"},
-    "Logging": {"log_interval", "no_progress_bar", "tensorboard", "tensorboard_logdir"},
+    "Logging": {"log_interval", "progress_bar", "tensorboard", "tensorboard_logdir"},
     "Resume and fine-tuning": {"restore_file", "finetune_from", "reset_optimizer", "reset_lr_scheduler", "reset_dataloader"},
     "Devices and precision": {"device", "threads", "amp", "distributed_world_size", "max_skips", "min_loss_scale"},
 }
@@ -42,16 +42,16 @@ HELP = (
 
 
 def register(app: typer.Typer) -> None:
-    from nmt.train_config import TrainConfig
+    from nmt.train.config import TrainConfig
 
     params = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context),
               inspect.Parameter("run_dir", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=RunDirOption)]
     params += dataclass_parameters(TrainConfig, panel=_panel, as_text=("max_time",))
 
     def train_command(**kwargs: Any) -> None:
-        from nmt.rundir import resolve_run_dir
-        from nmt.runlock import refuse_if_held
-        from nmt.train_config import parse_duration
+        from nmt.run.directory import resolve_run_dir
+        from nmt.run.lock import refuse_if_held
+        from nmt.train.config import parse_duration
 
         ctx = kwargs.pop("ctx")
         run_dir = resolve_run_dir(kwargs.pop("run_dir"))
@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
         # The flags typed on this command line: on a resume only these may change the run's record.
         given = {name for name in kwargs
                  if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") in ("COMMANDLINE", "ENVIRONMENT")}
-        from nmt.train import train
+        from nmt.train.loop import train
 
         train(run_dir, TrainConfig.from_dict(kwargs), given)
 

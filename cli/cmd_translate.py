@@ -28,8 +28,8 @@ HELP = (
 
 
 def register(app: typer.Typer) -> None:
-    from nmt.sampling_config import SamplingConfig
-    from nmt.translate_config import SearchConfig, TranslateConfig
+    from nmt.inference.sampling_config import SamplingConfig
+    from nmt.inference.config import SearchConfig, TranslateConfig
 
     search_fields = [p.name for p in dataclass_parameters(SearchConfig)]
     sampling_fields = [p.name for p in dataclass_parameters(SamplingConfig)]
@@ -57,10 +57,10 @@ def register(app: typer.Typer) -> None:
         import json
 
         from nmt.errors import NmtError
-        from nmt.rundir import resolve_run_dir
-        from nmt.streaming import input_buffers
-        from nmt.textio import count_lines, text_stdout
-        from nmt.translate import load_translator
+        from nmt.run.directory import resolve_run_dir
+        from nmt.inference.input_buffer import input_buffers
+        from nmt.data.textio import count_lines, text_stdout
+        from nmt.inference.translator import load_translator
 
         run_dir = resolve_run_dir(kwargs.pop("run_dir"))
         input_path, checkpoints = kwargs.pop("input"), kwargs.pop("checkpoint") or []
@@ -84,7 +84,7 @@ def register(app: typer.Typer) -> None:
                 print(f"nmt translate: {message}", file=sys.stderr, flush=True)
 
         if subset is not None:
-            from nmt.splits import split_text_file
+            from nmt.run.splits import split_text_file
 
             if input_path is not None:
                 raise NmtError("give --input or --subset, not both")
@@ -98,7 +98,7 @@ def register(app: typer.Typer) -> None:
         say(("checkpoint " if len(translator.checkpoints) == 1 else "ensemble of ")
             + ", ".join(map(str, translator.checkpoints)))
         if cfg.engine == "ctranslate2":
-            say(f"CTranslate2 model {translator.model_dir}")
+            say(f"CTranslate2 model {translator.decoder.model_dir}")
 
         out = text_stdout()
         bar = None

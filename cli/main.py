@@ -10,7 +10,7 @@ from typing import Any, Callable
 import typer
 
 from nmt.errors import Interrupted, NmtError
-from nmt.oserrors import os_error_message
+from nmt.os_errors import os_error_message
 from nmt_cli import fast_exit
 
 app = typer.Typer(

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Sequence, Union, overload
 
 from nmt.errors import NmtError
-from nmt.rundir import RunDir
-from nmt.translate import Translation, Translator, buffers, load_translator
-from nmt.translate_config import SearchConfig, TranslateConfig
+from nmt.run.directory import RunDir
+from nmt.inference.translator import Translation, Translator, buffers, load_translator
+from nmt.inference.config import SearchConfig, TranslateConfig
 
 SEARCH_FIELDS = frozenset(f.name for f in fields(SearchConfig))
 TRANSLATE_FIELDS = frozenset(f.name for f in fields(TranslateConfig))

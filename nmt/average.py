@@ -12,26 +12,22 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from nmt.atomic import check_file_target, remove_leftover_temps
-from nmt.checkpoint import CHECKPOINT_VERSION, load_checkpoint, save_checkpoint
+from nmt.run.atomic import check_file_target, remove_leftover_temps
+from nmt.run.checkpoint import CHECKPOINT_VERSION, load_checkpoint, save_checkpoint
+from nmt.run.checkpoint_files import EPOCH_RE, INTERVAL_RE
 from nmt.errors import NmtError
-from nmt.model_config import architecture
-from nmt.identity import IDENTITY_KEY, check_identity, checkpoint_identity, identity_difference, run_identity
-from nmt.replace import check_replaceable
-from nmt.rundir import RunDir
-from nmt.runlock import RunLock, command_line
+from nmt.model.config import architecture
+from nmt.run.identity import IDENTITY_KEY, check_identity, checkpoint_identity, identity_difference, run_identity
+from nmt.run.replace import check_replaceable
+from nmt.run.directory import RunDir
+from nmt.run.lock import RunLock, command_line
 
-# fairseq's names: checkpoint{epoch}.pt at epoch ends, checkpoint_{epoch}_{update}.pt at
-# update or time intervals (the paper's 10-minute checkpoints).
-EPOCH_NAME = re.compile(r"^checkpoint(\d+)\.pt$")
-UPDATE_NAME = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")
 KINDS = ("all", "updates", "epochs")
 TRAINING_NAMES = ("checkpoint_last.pt", "checkpoint_best.pt")
 """Besides the numbered checkpoints, the files `nmt train` writes and resumes from."""
@@ -74,7 +70,7 @@ def list_checkpoints(checkpoint_dir: str | os.PathLike, kind: str = "all") -> li
         raise NmtError(f"no checkpoint directory {checkpoint_dir}; train first with `nmt train`, or pass --run-dir")
     found: list[CheckpointInfo] = []
     for path in sorted(checkpoint_dir.iterdir()):
-        epoch_match, update_match = EPOCH_NAME.match(path.name), UPDATE_NAME.match(path.name)
+        epoch_match, update_match = EPOCH_RE.match(path.name), INTERVAL_RE.match(path.name)
         if epoch_match and kind in ("all", "epochs"):
             update = _stored_update(path)
             found.append(CheckpointInfo(path, update, int(epoch_match.group(1))))
@@ -127,7 +123,7 @@ def distinct_files(paths: Sequence[Path]) -> tuple[list[Path], list[tuple[Path, 
     """`paths` with each file once, and (name, earlier name) for each name of a file listed before.
 
     One file can have two names: checkpoint_last.pt is a hard link to the newest numbered
-    checkpoint (`nmt.checkpoints_dir`), so `--inputs checkpoint_3_900.pt checkpoint_last.pt`
+    checkpoint (`nmt.run.checkpoint_files`), so `--inputs checkpoint_3_900.pt checkpoint_last.pt`
     would weight one model twice. Files are told apart by (device, inode), not by name.
     """
     kept: list[Path] = []
@@ -197,9 +193,9 @@ def _is_average(path: Path) -> bool:
 def check_output(output: Path) -> None:
     """Refuse an output that is a folder, a file that training owns in a checkpoints folder
     (the next `nmt train` would resume from the average, or overwrite it), or an existing file
-    that is not an earlier average (`nmt.replace`: nmt replaces only what it wrote)."""
+    that is not an earlier average (`nmt.run.replace`: nmt replaces only what it wrote)."""
     check_file_target(output, "-o", "checkpoint_avg.pt")
-    owned = output.name in TRAINING_NAMES or EPOCH_NAME.match(output.name) or UPDATE_NAME.match(output.name)
+    owned = output.name in TRAINING_NAMES or EPOCH_RE.match(output.name) or INTERVAL_RE.match(output.name)
     if owned and output.absolute().parent.name == "checkpoints":
         raise NmtError(f"-o {output} is a file that `nmt train` writes and resumes from; "
                        f"write the average elsewhere, e.g. {output.parent / 'checkpoint_avg.pt'}")
@@ -265,7 +261,7 @@ def average_checkpoints(paths: Sequence[str | os.PathLike], output: str | os.Pat
     in "averaged_from", and no optimizer or training state (it is for translation, not for
     resuming). Floating-point parameters are summed in fp32 (fp64 if stored in fp64) and cast
     back to their stored dtype; other tensors are taken from the first checkpoint.
-    All checkpoints must come from one vocabulary (`nmt.identity`), and from the run's
+    All checkpoints must come from one vocabulary (`nmt.run.identity`), and from the run's
     (`expected`) when one is given; the result carries that identity. Returns the written
     checkpoint dict.
     """

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from nmt.errors import NmtError
-from nmt.textio import read_lines
+from nmt.data.textio import read_lines
 
 #: The compound split of get_ende_bleu.sh: "rich-text" -> "rich ##AT##-##AT## text".
 #: One non-overlapping pass, as `perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'`: in

@@ -193,7 +193,7 @@ def training_stats(train_jsonl: Path) -> dict[str, Any]:
     (train records carry `wpb` and `ups`), i.e. training proper, without validation.
     """
     latest: dict[tuple[str, int], dict[str, Any]] = {}
-    from nmt.plot import read_train_log  # one reader of logs/train.jsonl, tolerant of a cut line
+    from nmt.train.plot import read_train_log  # one reader of logs/train.jsonl, tolerant of a cut line
 
     for r in (read_train_log(train_jsonl) if train_jsonl.is_file() else []):
         if r.get("kind") in ("train", "valid") and isinstance(r.get("update"), int):
@@ -220,7 +220,7 @@ def format_duration(seconds: float) -> str:
 
 def write_json(path: Path, obj: Any) -> None:
     """Write `obj` as indented JSON, atomically (the project's own atomic writer)."""
-    from nmt.atomic import write_json as atomic_write_json
+    from nmt.run.atomic import write_json as atomic_write_json
 
     atomic_write_json(path, obj)
 
@@ -266,7 +266,7 @@ def fit_average(s: dict[str, Any], run: Path, kind: str) -> Callable[[Step], Opt
 
 def averaged_from(path: Path) -> tuple[list[str], list[Optional[int]]]:
     """The files averaged into the checkpoint at `path`, and the update each was saved at."""
-    from nmt.checkpoint import load_checkpoint
+    from nmt.run.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(path)
     return list(ckpt.get("averaged_from", [])), list(ckpt.get("averaged_updates", []))

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from nmt.train_config import parse_duration
+from nmt.train.config import parse_duration
 
 from common import (RecipeError, Step, averaged_from, download, fit_average, flag_value, format_duration, main_guard, run_steps,
                     settings_from_env, training_stats, write_json)
@@ -278,11 +278,10 @@ def choose_model(s: dict[str, Any]) -> dict[str, Any]:
     return what was chosen and why (printed, and kept in summary.json)."""
     import torch
 
-    from nmt.distributed import resolve_device
-    from nmt.precision import cpu_bf16_units, resolve_amp
+    from nmt.device import cpu_bf16_units, resolve_amp, resolve_device
 
     device = resolve_device("auto")  # what `nmt train --device auto` will train on
-    amp = resolve_amp(s["AMP"], device)
+    amp = resolve_amp(s["AMP"], device, "train")
     if device.type == "cuda":
         why = f"GPU {torch.cuda.get_device_name(0)}, --amp {s['AMP']} -> {amp}"
     else:

@@ -200,7 +200,7 @@ SEG = re.compile(r"<seg[^>]*>(.*)</seg>", re.IGNORECASE)
 
 def read_sgm(path: Path, errors: str) -> list[str]:
     """The <seg> lines of a WMT SGML file, whitespace collapsed as sacreBLEU does (no unescaping)."""
-    from nmt.textio import open_binary
+    from nmt.data.textio import open_binary
 
     with open_binary(path) as f:
         text = f.read().decode("utf-8", errors=errors)
@@ -208,7 +208,7 @@ def read_sgm(path: Path, errors: str) -> list[str]:
 
 
 def _lines_bytes(path: Path) -> Iterator[bytes]:
-    from nmt.textio import open_binary
+    from nmt.data.textio import open_binary
 
     with open_binary(path) as f:
         for line in f:

@@ -102,10 +102,9 @@ def test_numpy_numbers_are_settings_like_ints_and_floats(model):
 
 
 def test_a_beam_above_the_limit_is_a_user_error(model):
-    from nmt import translate_config
-
+    from nmt.inference import config as translate_config
     if not hasattr(translate_config, "MAX_BEAM"):
-        pytest.skip("SearchConfig has no beam limit (nmt.translate_config.MAX_BEAM) yet")
+        pytest.skip("SearchConfig has no beam limit (nmt.inference.config.MAX_BEAM) yet")
     with pytest.raises(nmt.errors.NmtError, match="--beam"):
         model.translate("a", beam=10**6)
 

@@ -10,10 +10,10 @@ import torch
 
 from conftest import assert_one_line_error, run_nmt
 from nmt.average import average_checkpoints, last_checkpoints, list_checkpoints
-from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.run.checkpoint import load_checkpoint, save_checkpoint
 from nmt.errors import NmtError
-from nmt.model import Transformer
-from nmt.model_config import build_config
+from nmt.model.transformer import Transformer
+from nmt.model.config import build_config
 
 
 def make_checkpoint(path: Path, seed: int, epoch: int, update: int | None, arch: str = "tiny", vocab: int = 16,

@@ -1,6 +1,6 @@
 """Bad values are user errors, one line naming the flag (or the file), never a traceback.
 
-Every int and float field of every settings dataclass declares its range (`nmt.ranges`); each
+Every int and float field of every settings dataclass declares its range (`nmt.settings`); each
 is walked here with NaN, infinities, -1, one past each end and a huge value, through
 `validate()` as Python callers and the CLI alike reach it. A few end-to-end runs check that
 what the command line parses (click reads "nan" as a float) reaches the dataclass. Crafted
@@ -18,15 +18,15 @@ import pytest
 import torch
 
 from conftest import assert_one_line_error, run_nmt
-from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.run.checkpoint import load_checkpoint, save_checkpoint
 from nmt.errors import NmtError
-from nmt.model_config import TransformerConfig, build_config
-from nmt.preprocess_config import PreprocessConfig
-from nmt.ranges import numeric_fields
-from nmt.sampling_config import SamplingConfig
-from nmt.serve_config import ServeConfig
-from nmt.train_config import ModelSettings, TrainConfig
-from nmt.translate_config import MAX_BEAM, SearchConfig, TranslateConfig
+from nmt.model.config import TransformerConfig, build_config
+from nmt.preprocess.config import PreprocessConfig
+from nmt.settings import numeric_fields
+from nmt.inference.sampling_config import SamplingConfig
+from nmt.serve.config import ServeConfig
+from nmt.train.config import ModelSettings, TrainConfig
+from nmt.inference.config import MAX_BEAM, SearchConfig, TranslateConfig
 
 VALID = {  # a valid instance of each settings class; each test changes one field
     TrainConfig: TrainConfig(),

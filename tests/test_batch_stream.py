@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from nmt.batch_stream import BatchStream
-from nmt.batching import collate, make_batches
-from nmt.data import TokenArray, TokenArrayWriter, split_paths
+from nmt.data.batch_stream import BatchStream
+from nmt.data.batching import collate, make_batches
+from nmt.data.token_arrays import TokenArray, TokenArrayWriter, split_paths
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from nmt.batcher import Batcher
-from nmt.translate import Translation
+from nmt.serve.batcher import Batcher
+from nmt.inference.translator import Translation
 
 
 class FakeModel:

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from nmt.batching import collate, make_batches
-from nmt.data import TokenArrayWriter, TokenArray, split_paths
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from nmt.data.batching import collate, make_batches, padded_sources, source_tensor
+from nmt.data.token_arrays import TokenArrayWriter, TokenArray, split_paths
+from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
 def pair_by_pair_batches(src_sizes, tgt_sizes, indices, max_tokens, seed, epoch, max_sentences=None):
@@ -89,3 +89,20 @@ def test_collate_pads_widths_to_the_required_multiple_without_counting_the_paddi
     assert torch.equal(padded.src[:, : plain.src.size(1)], plain.src) and bool((padded.src[:, plain.src.size(1):] == PAD_ID).all())
     assert torch.equal(padded.target[:, : plain.target.size(1)], plain.target)
     assert (padded.n_src_tokens, padded.n_tgt_tokens) == (plain.n_src_tokens, plain.n_tgt_tokens)
+
+
+def test_every_source_is_padded_alike_from_a_token_array_or_from_lists(tmp_path):
+    """Training batches, validation BLEU and translation lay out the encoder's input with one
+    function (`padded_sources`): each sentence, then eos, right-padded to the longest + 1."""
+    sents = [[5, 6, 7], [8], [], [9, 10]]
+    with TokenArrayWriter(*split_paths(tmp_path, "train", "en"), np.dtype(np.uint16)) as w:
+        w.add(np.array([t for s in sents for t in s]), np.array([len(s) for s in sents]))
+    src = TokenArray(tmp_path, "train", "en", "uint16")
+    ids = np.array([0, 3, 1])
+    from_array, lens = padded_sources(src, ids)
+    P, E = PAD_ID, EOS_ID
+    assert from_array.tolist() == [[5, 6, 7, E], [9, 10, E, P], [8, E, P, P]] and lens.tolist() == [3, 2, 1]
+    from_lists = source_tensor([sents[i] for i in ids])
+    assert from_lists.dtype == torch.long and from_lists.tolist() == from_array.tolist()
+    assert torch.equal(collate(src, src, ids).src, from_lists)
+    assert padded_sources(src, ids, multiple=8)[0].shape == (3, 8)

@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt.beam_search import Hypothesis, LengthPenalty, SearchConfig, beam_search, max_output_lengths
+from nmt.inference.beam_search import Hypothesis, LengthPenalty, SearchConfig, beam_search, max_output_lengths
 from nmt.errors import NmtError
-from nmt.model import Transformer
-from nmt.model_config import build_config
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from nmt.model.transformer import Transformer
+from nmt.model.config import build_config
+from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
 @pytest.fixture(autouse=True)
@@ -142,7 +142,7 @@ def test_rows_reordered_in_place_twice_then_grown_continue_the_chosen_rows():
 
 
 def test_row_log_sum_exp_equals_logsumexp():
-    import nmt.beam_search as bs
+    import nmt.inference.beam_search as bs
 
     scores = torch.randn(37, 50) * 30
     scores[3, 7:] = float("-inf")
@@ -278,7 +278,7 @@ def test_output_length_is_capped_by_the_models_positions():
 
 
 def test_blockwise_topk_equals_torch_topk():
-    from nmt.beam_search import _row_topk
+    from nmt.inference.beam_search import _row_topk
 
     g = torch.Generator().manual_seed(18)
     scores = torch.randn(50, 8000, generator=g)
@@ -343,8 +343,8 @@ def _reference_search(model: Transformer, src: torch.Tensor, cfg: SearchConfig) 
 def test_batched_search_equals_a_plain_reference_on_real_sentences(trained_tiny_run, multi30k_dir, beam_style, lenpen_style, n_lines):
     import gzip
 
-    from nmt.translate import load_translator
-    from nmt.translate_config import TranslateConfig
+    from nmt.inference.translator import load_translator
+    from nmt.inference.config import TranslateConfig
 
     translator = load_translator(trained_tiny_run, cfg=TranslateConfig(device="cpu"))
     model = translator.models[0]
@@ -368,7 +368,7 @@ def test_projecting_a_few_rows_at_a_time_gives_the_same_search(monkeypatch, n_mo
     logits never exist at once; blocks of 3 rows must find what one block finds. Scores agree
     to float tolerance, not bit for bit: BLAS picks its kernel by the number of rows, and on
     some CPUs (AMD Zen 4) a 3-row product sums in another order than a 20-row one."""
-    import nmt.beam_search as search
+    import nmt.inference.beam_search as search
 
     vocab = 30
     models = [_model(vocab, seed=20 + i) for i in range(n_models)]

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from conftest import run_nmt
-from nmt.checkpoint import load_checkpoint
-from nmt.checkpoints_dir import epoch_checkpoints, interval_checkpoints
+from nmt.run.checkpoint import load_checkpoint
+from nmt.run.checkpoint_files import epoch_checkpoints, interval_checkpoints
 from test_train import TINY, fresh_copy, prepared  # noqa: F401  (fixture)
 
 # TINY without its "--save-interval-minutes 0"

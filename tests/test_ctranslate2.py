@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_one_line_error, run_nmt
-from nmt.identity import run_identity
-from nmt.rundir import RunDir
+from nmt.run.identity import run_identity
+from nmt.run.directory import RunDir
 from test_identity import save_model, two_runs  # noqa: F401  (two_runs: a fixture)
 
 ctranslate2 = pytest.importorskip("ctranslate2")
@@ -62,10 +62,10 @@ def test_ctranslate2_scores_nmts_translations_as_nmt_does(exported, trained_tiny
     nmt's own outputs equals nmt's."""
     import torch
 
-    from nmt.beam_search import SearchConfig, beam_search
-    from nmt.export_ctranslate2 import vocabulary_tokens
-    from nmt.tokenizer import EOS_ID, PAD_ID
-    from nmt.translate import TranslateConfig, load_translator
+    from nmt.inference.beam_search import SearchConfig, beam_search
+    from nmt.export.ctranslate2 import vocabulary_tokens
+    from nmt.data.tokenizer import EOS_ID, PAD_ID
+    from nmt.inference.translator import TranslateConfig, load_translator
 
     nmt = load_translator(trained_tiny_run, cfg=TranslateConfig(device="cpu", threads=1))
     ids = nmt.src_tokenizer.encode(test_lines[:40])
@@ -180,8 +180,8 @@ def test_a_missing_or_damaged_export_record_is_one_line(two_runs, small_exports,
 
 def _translate_when_all_are_ready(run: Path, barrier, results) -> None:
     """One `nmt translate --engine ctranslate2` without the command line, started at the barrier."""
-    from nmt.translate import load_translator
-    from nmt.translate_config import SearchConfig, TranslateConfig
+    from nmt.inference.translator import load_translator
+    from nmt.inference.config import SearchConfig, TranslateConfig
 
     barrier.wait()
     try:

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from conftest import assert_one_line_error, run_nmt, start_nmt, wait_until
-from nmt import distributed as dist_util
-from nmt.checkpoint import load_checkpoint
+from nmt.train import distributed as dist_util
+from nmt.run.checkpoint import load_checkpoint
 from nmt.errors import NmtError
 from test_train import TINY, fresh_copy, prepared  # noqa: F401  (fixture)
 
@@ -131,10 +131,10 @@ def test_a_worker_killed_before_any_checkpoint_gets_no_resume_advice(tmp_path):
 # -- fp16 dynamic loss scaling (on CPU) --------------------------------------------------------
 
 def test_fp16_overflow_skips_the_update_and_halves_the_scale(prepared, tmp_path, monkeypatch):  # noqa: F811
-    import nmt.train as train_module
-    from nmt.train_config import ModelSettings, TrainConfig
+    import nmt.train.loop as train_module
+    from nmt.train.config import ModelSettings, TrainConfig
 
-    import nmt.engine as engine_module
+    import nmt.train.engine as engine_module
     real = engine_module.label_smoothed_nll_loss
     calls = {"n": 0}
 
@@ -145,7 +145,7 @@ def test_fp16_overflow_skips_the_update_and_halves_the_scale(prepared, tmp_path,
 
     monkeypatch.setattr(engine_module, "label_smoothed_nll_loss", huge_first)
     run = fresh_copy(prepared, tmp_path / "run")
-    cfg = TrainConfig(model=ModelSettings(arch="tiny"), max_tokens=256, threads=1, no_progress_bar=True, max_update=3, amp="fp16",
+    cfg = TrainConfig(model=ModelSettings(arch="tiny"), max_tokens=256, threads=1, progress_bar=False, max_update=3, amp="fp16",
                       save_interval_minutes=0, log_interval=1, device="cpu")
     result = train_module.train(run, cfg)
     assert result.update == 3
@@ -156,33 +156,33 @@ def test_fp16_overflow_skips_the_update_and_halves_the_scale(prepared, tmp_path,
 
 
 def test_fp16_scale_collapse_stops_with_a_clear_message(prepared, tmp_path, monkeypatch):  # noqa: F811
-    import nmt.train as train_module
+    import nmt.train.loop as train_module
     from nmt.errors import NmtError
-    from nmt.train_config import ModelSettings, TrainConfig
+    from nmt.train.config import ModelSettings, TrainConfig
 
-    import nmt.engine as engine_module
+    import nmt.train.engine as engine_module
     real = engine_module.label_smoothed_nll_loss
     monkeypatch.setattr(engine_module, "label_smoothed_nll_loss",
                         lambda logits, target, eps: (real(logits, target, eps)[0] * float("inf"), real(logits, target, eps)[1]))
     run = fresh_copy(prepared, tmp_path / "run")
-    cfg = TrainConfig(model=ModelSettings(arch="tiny"), max_tokens=256, threads=1, no_progress_bar=True, max_update=100, amp="fp16",
+    cfg = TrainConfig(model=ModelSettings(arch="tiny"), max_tokens=256, threads=1, progress_bar=False, max_update=100, amp="fp16",
                       save_interval_minutes=0, device="cpu", max_skips=1000, min_loss_scale=1.0)
     with pytest.raises(NmtError, match="loss scale fell below"):
         train_module.train(run, cfg)
 
 
 def test_out_of_memory_stops_the_job_with_advice_instead_of_hanging(prepared, tmp_path, monkeypatch):  # noqa: F811
-    import nmt.train as train_module
+    import nmt.train.loop as train_module
     from nmt.errors import NmtError
-    from nmt.train_config import ModelSettings, TrainConfig
+    from nmt.train.config import ModelSettings, TrainConfig
 
     def oom(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    import nmt.engine as engine_module
+    import nmt.train.engine as engine_module
     monkeypatch.setattr(engine_module, "forward_loss", oom)
     run = fresh_copy(prepared, tmp_path / "run")
-    cfg = TrainConfig(model=ModelSettings(arch="tiny"), max_tokens=256, threads=1, no_progress_bar=True, max_update=3,
+    cfg = TrainConfig(model=ModelSettings(arch="tiny"), max_tokens=256, threads=1, progress_bar=False, max_update=3,
                       save_interval_minutes=0, device="cpu")
     with pytest.raises(NmtError, match="out of memory on rank 0.*lower --max-tokens"):
         train_module.train(run, cfg)

@@ -8,10 +8,10 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-from nmt.batching import Batch
-from nmt.distributed import DistContext
-from nmt.engine import SkippedStep, StepStats, TrainEngine, forward_loss, target_positions
-from nmt.model_config import build_config
+from nmt.data.batching import Batch
+from nmt.train.distributed import DistContext
+from nmt.train.engine import SkippedStep, StepStats, TrainEngine, forward_loss, target_positions
+from nmt.model.config import build_config
 
 
 def make_batch(seed: int, n: int = 3, src_len: int = 5, tgt_len: int = 4, vocab: int = 40) -> Batch:
@@ -55,7 +55,7 @@ def test_an_update_is_the_token_weighted_mean_gradient_over_its_micro_batches():
     assert out.ntokens == a.n_tgt_tokens + b.n_tgt_tokens and out.nsentences == 5
 
     # the same update by hand: sum of token losses over both batches / all target tokens, one Adam step
-    from nmt.precision import Precision
+    from nmt.train.precision import Precision
 
     p = Precision.create("none", torch.device("cpu"))
     opt = torch.optim.Adam(reference.parameters(), lr=1e-3, betas=(0.9, 0.98), eps=1e-9)
@@ -91,7 +91,7 @@ def test_gradients_are_normalised_by_the_tokens_of_all_ranks():
 
 
 def test_a_non_finite_loss_skips_the_update_and_leaves_model_and_optimizer_untouched(monkeypatch):
-    import nmt.engine as engine_module
+    import nmt.train.engine as engine_module
 
     e = engine()
     e.step([(make_batch(6), 1.0)], lr=1e-3)
@@ -117,7 +117,7 @@ def test_the_loss_is_summed_in_fp32_under_bf16_autocast():
 def test_the_loss_reads_exactly_the_non_pad_targets_in_order():
     """The positions come from the batch's own token count (no device round trip) and must
     pick what `target != pad` picks: padding inside the batch at several rows."""
-    from nmt.loss import label_smoothed_nll_loss
+    from nmt.train.loss import label_smoothed_nll_loss
 
     e = engine()
     batch = make_batch(9, n=4, tgt_len=6)

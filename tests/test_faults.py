@@ -25,12 +25,12 @@ import pytest
 import torch
 
 from conftest import REPO, assert_one_line_error, run_nmt
-from nmt.checkpoint import save_checkpoint
-from nmt.identity import run_identity
-from nmt.model import Transformer
-from nmt.model_config import build_config
-from nmt.rundir import RunDir
-from nmt.tokenizer import UNK_ID, UNK_SURFACE, load_tokenizer, train_tokenizer
+from nmt.run.checkpoint import save_checkpoint
+from nmt.run.identity import run_identity
+from nmt.model.transformer import Transformer
+from nmt.model.config import build_config
+from nmt.run.directory import RunDir
+from nmt.data.tokenizer import UNK_ID, UNK_SURFACE, load_tokenizer, train_tokenizer
 from test_identity import VOCAB, make_run, save_model
 
 WORDS = "a man rides a bike across the street two dogs play in the snow while children laugh".split()
@@ -149,7 +149,7 @@ def test_os_errors_are_one_line_naming_the_path(monkeypatch, capsys, tmp_path, c
     def failing(jsonl, png):
         raise OSError(code, os.strerror(code), str(target))
 
-    monkeypatch.setattr("nmt.plot.plot_learning_curves", failing)
+    monkeypatch.setattr("nmt.train.plot.plot_learning_curves", failing)
     monkeypatch.setattr(sys, "argv", ["nmt", "plot", "-r", str(tmp_path)])
     with pytest.raises(SystemExit) as exit_info:
         cli.main()

@@ -1,4 +1,4 @@
-"""Replacing an output deletes only what nmt wrote (`nmt.replace`): `export --force`,
+"""Replacing an output deletes only what nmt wrote (`nmt.run.replace`): `export --force`,
 `preprocess --force` and `average-checkpoints -o` refuse anything else in one line, and
 delete nothing."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_one_line_error, run_nmt
-from nmt.identity import run_identity
-from nmt.rundir import RunDir
+from nmt.run.identity import run_identity
+from nmt.run.directory import RunDir
 from test_identity import make_run, save_model
 
 WORDS = "ein Mann fährt Fahrrad über die Straße zwei Hunde spielen im Schnee"

@@ -6,13 +6,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt import loss as loss_module
-from nmt.distributed import DistContext
-from nmt.engine import TrainEngine
-from nmt.gemm_rows import BucketedLinear
-from nmt.loss import ProjectedLogits, label_smoothed_nll_loss
-from nmt.model import FeedForward, attend
-from nmt.model_config import build_config
+from nmt.ops import projected_loss as loss_module
+from nmt.train.distributed import DistContext
+from nmt.train.engine import TrainEngine
+from nmt.ops.bucketed_linear import BucketedLinear
+from nmt.train.loss import ProjectedLogits, label_smoothed_nll_loss
+from nmt.model.transformer import FeedForward
+from nmt.ops.attention import cpu_attention as attend
+from nmt.ops.bucketed_linear import BucketedLinear
+from nmt.ops.feed_forward import CpuFeedForward
+from nmt.model.config import build_config
 from test_engine import make_batch  # tests/ is on pytest's path
 
 
@@ -100,9 +103,11 @@ def test_bucketed_feed_forward_keeps_one_wide_activation_and_autocast_s_numbers(
     """The (rows x d_ff) activation stays padded from fc1 to fc2: kept once for the backward
     (ReLU's and fc2's), where copying it into fc2's own padded buffer kept it twice."""
     torch.manual_seed(0)
-    bucketed, plain = FeedForward(16, 64, 0.0), FeedForward(16, 64, 0.0)
+    bucketed, plain = FeedForward(16, 64, 0.0), FeedForward(16, 64, 0.0)  # plain: the stock op
     plain.load_state_dict(bucketed.state_dict())
+    bucketed.__class__ = CpuFeedForward  # as nmt.ops.optimize_for makes it
     for lin in (bucketed.fc1, bucketed.fc2):
+        lin.__class__ = BucketedLinear
         lin.row_multiple = 32  # 3 x 7 = 21 rows padded to 32
     x, g = torch.randn(3, 7, 16), torch.randn(3, 7, 16)
     y, gx, gw1, gw2, wide = _ffn_and_grads(bucketed, x, g)

@@ -8,7 +8,7 @@ import resource
 import pytest
 import torch
 
-from nmt.host_memory import keep_freed_memory
+from nmt.ops.cpu_malloc import keep_freed_memory
 
 
 def test_the_users_own_malloc_settings_win(monkeypatch):

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from conftest import assert_one_line_error, run_nmt
-from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.run.checkpoint import load_checkpoint, save_checkpoint
 from nmt.errors import NmtError
-from nmt.identity import check_identity, checkpoint_identity, run_identity, vocab_sha256
-from nmt.model import Transformer
-from nmt.model_config import build_config
-from nmt.rundir import RunDir
-from nmt.tokenizer import load_tokenizer, train_tokenizer
+from nmt.run.identity import check_identity, checkpoint_identity, run_identity, vocab_sha256
+from nmt.model.transformer import Transformer
+from nmt.model.config import build_config
+from nmt.run.directory import RunDir
+from nmt.data.tokenizer import load_tokenizer, train_tokenizer
 
 VOCAB = 60
 

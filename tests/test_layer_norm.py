@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from nmt.layer_norm import MIN_ABS_GAMMA, OutputSavingLayerNorm
+from nmt.ops.output_saving_layer_norm import MIN_ABS_GAMMA, OutputSavingLayerNorm
 
 
 def _run(norm: torch.nn.LayerNorm, x: torch.Tensor, g: torch.Tensor):

@@ -1,4 +1,4 @@
-"""The chunked label-smoothed cross entropy equals the plain log_softmax formulation."""
+"""The paper's label-smoothed loss (the reference) and the fused projected loss of nmt.ops that training uses, against it."""
 
 from __future__ import annotations
 
@@ -6,16 +6,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt import loss as loss_module
-from nmt.loss import label_smoothed_nll_loss
+from nmt.ops import projected_loss as loss_module
+from nmt.train.loss import label_smoothed_nll_loss
 
 
-def reference_loss(logits: torch.Tensor, target: torch.Tensor, epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The straightforward formulation (the one nmt used before the chunked loss)."""
+def written_out_loss(logits: torch.Tensor, target: torch.Tensor, epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Section 5.4 written out: (1 - eps) * NLL + eps / K * sum_k -log p_k, from log_softmax."""
     lprobs = F.log_softmax(logits, dim=-1, dtype=torch.float32)
     nll = -lprobs.gather(-1, target[:, None]).squeeze(-1)
-    if epsilon == 0.0:
-        return nll.sum(), nll.sum().detach()
     loss = (1.0 - epsilon) * nll + (epsilon / lprobs.size(-1)) * -lprobs.sum(-1)
     return loss.sum(), nll.sum().detach()
 
@@ -28,13 +26,13 @@ def _loss_and_grad(fn, logits: torch.Tensor, target: torch.Tensor, epsilon: floa
 
 
 @pytest.mark.parametrize("epsilon", [0.0, 0.1, 0.3])
-def test_loss_nll_and_gradient_equal_the_log_softmax_formulation_in_fp32(epsilon, monkeypatch):
+def test_the_reference_loss_is_the_papers_label_smoothing_written_out(epsilon):
+    """F.cross_entropy's label smoothing is Szegedy et al.'s q' over all K classes, as the paper cites."""
     torch.manual_seed(0)
     logits = torch.randn(37, 101) * 4
     target = torch.randint(0, 101, (37,))
-    monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", 5 * 101)  # several chunks and a ragged last one
     mine = _loss_and_grad(label_smoothed_nll_loss, logits, target, epsilon, scale=0.37)
-    ref = _loss_and_grad(reference_loss, logits, target, epsilon, scale=0.37)
+    ref = _loss_and_grad(written_out_loss, logits, target, epsilon, scale=0.37)
     assert mine[0].dtype == mine[1].dtype == torch.float32
     assert torch.allclose(mine[0], ref[0], rtol=1e-6)
     assert torch.allclose(mine[1], ref[1], rtol=1e-6)
@@ -42,33 +40,12 @@ def test_loss_nll_and_gradient_equal_the_log_softmax_formulation_in_fp32(epsilon
     assert not mine[1].requires_grad
 
 
-def test_under_bf16_autocast_the_model_gradients_equal_the_log_softmax_formulation():
-    """Through a bf16 projection: the loss is taken from bf16 logits in fp32 maths, and the
-    gradient reaching the fp32 weights matches within bf16 rounding of the logits' gradient."""
-    torch.manual_seed(0)
-    hidden = torch.randn(64, 32)
-    weight = torch.randn(500, 32) * 0.3
-    target = torch.randint(0, 500, (64,))
-    results = []
-    for fn in (label_smoothed_nll_loss, reference_loss):
-        w = weight.clone().requires_grad_(True)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = F.linear(hidden, w)
-            assert logits.dtype == torch.bfloat16
-            loss, nll = fn(logits, target, 0.1)
-        loss.backward()
-        results.append((loss.detach(), nll, w.grad))
-    (loss_a, nll_a, grad_a), (loss_b, nll_b, grad_b) = results
-    assert torch.allclose(loss_a, loss_b, rtol=1e-6)
-    assert torch.allclose(nll_a, nll_b, rtol=1e-6)
-    assert torch.allclose(grad_a, grad_b, rtol=1e-2, atol=1e-3 * grad_b.abs().max().item())
-
-
-def test_the_logits_gradient_keeps_the_logits_dtype_and_empty_input_gives_zero():
-    logits = torch.randn(8, 30, dtype=torch.bfloat16, requires_grad=True)
-    loss, _ = label_smoothed_nll_loss(logits, torch.randint(0, 30, (8,)), 0.1)
-    loss.backward()
-    assert logits.grad.dtype == torch.bfloat16
+def test_bf16_logits_are_scored_in_fp32_and_empty_input_gives_zero():
+    logits = torch.randn(8, 30).bfloat16()
+    target = torch.randint(0, 30, (8,))
+    loss, nll = label_smoothed_nll_loss(logits, target, 0.1)
+    assert loss.dtype == nll.dtype == torch.float32
+    assert torch.allclose(loss, written_out_loss(logits.float(), target, 0.1)[0], rtol=1e-6)
     empty = torch.zeros(0, 30, requires_grad=True)
     loss, nll = label_smoothed_nll_loss(empty, torch.zeros(0, dtype=torch.long), 0.1)
     assert loss.item() == nll.item() == 0.0
@@ -84,7 +61,7 @@ def _projected_and_reference(hidden, weight, target, epsilon, dtype, scale=0.37)
             if projected:
                 loss, nll = label_smoothed_nll_loss(loss_module.ProjectedLogits(h, w, dtype), target, epsilon)
             else:
-                loss, nll = reference_loss(F.linear(h, w), target, epsilon)
+                loss, nll = label_smoothed_nll_loss(F.linear(h, w), target, epsilon)  # the reference
         (loss * scale).backward()
         out.append((loss.detach(), nll, h.grad, w.grad))
     return out

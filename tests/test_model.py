@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from conftest import run_nmt
-from nmt.loss import label_smoothed_nll_loss
-from nmt.model import Transformer
-from nmt.model_config import build_config
-from nmt.schedule import learning_rate, paper_lr, peak_lr
-from nmt.tokenizer import BOS_ID, EOS_ID
+from nmt.train.loss import label_smoothed_nll_loss
+from nmt.model.transformer import Transformer
+from nmt.model.config import build_config
+from nmt.train.schedule import learning_rate, paper_lr, peak_lr
+from nmt.data.tokenizer import BOS_ID, EOS_ID
 
 
 def test_schedule_equals_the_papers_values():
@@ -115,7 +115,7 @@ def test_tiny_model_overfits_a_handful_of_pairs():
 
 def test_bf16_attention_on_cpu_is_computed_in_fp32_and_matches_sdpa():
     """CPU bf16 attention runs in fp32 (its bf16 backward is slow); same result as fp32 SDPA."""
-    from nmt.model import attend
+    from nmt.ops.attention import cpu_attention as attend
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 5, 8) for _ in range(3))
@@ -135,19 +135,44 @@ def test_bf16_attention_on_cpu_is_computed_in_fp32_and_matches_sdpa():
 
 
 def test_amp_auto_is_bf16_only_where_the_hardware_multiplies_bf16(monkeypatch):
-    from nmt import precision
-
+    from nmt import device
+    from nmt.train import precision
     cpu = torch.device("cpu")
-    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: (False, "no units"))
-    assert precision.resolve_amp("auto", cpu) == "none"
+    monkeypatch.setattr(device, "cpu_bf16_units", lambda: (False, "no units"))
+    assert device.resolve_amp("auto", cpu, "train") == "none"
     assert precision.Precision.create("auto", cpu).dtype is None
-    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: (True, "amx_bf16"))
-    assert precision.resolve_amp("auto", cpu) == "bf16"
-    assert precision.resolve_amp("none", cpu) == "none"
+    monkeypatch.setattr(device, "cpu_bf16_units", lambda: (True, "amx_bf16"))
+    assert device.resolve_amp("auto", cpu, "train") == "bf16"
+    assert device.resolve_amp("none", cpu, "train") == "none"
+
+
+def test_amp_auto_translates_in_fp32_on_every_cpu_and_as_asked_otherwise(monkeypatch):
+    from nmt import device
+    from nmt.inference.checkpoints import resolve_dtype
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(device, "cpu_bf16_units", lambda: (True, "amx_bf16"))
+    assert device.resolve_amp("auto", cpu, "translate") == "none"
+    assert resolve_dtype("auto", cpu) is torch.float32
+    assert resolve_dtype("bf16", cpu) is torch.bfloat16 and resolve_dtype("fp16", cpu) is torch.float16
+    with pytest.raises(ValueError):
+        device.resolve_amp("auto", cpu, "serve")
+
+
+def test_resolve_device_refuses_unknown_names_and_cuda_without_a_gpu():
+    from nmt.device import resolve_device
+    from nmt.errors import NmtError
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(NmtError, match=r"unknown --device 'gpu'; use auto, cpu, cuda or cuda:N"):
+        resolve_device("gpu")
+    if not torch.cuda.is_available():
+        for name in ("cuda", "cuda:1"):
+            with pytest.raises(NmtError, match=r"--device cuda was asked for, but PyTorch sees no GPU; use --device cpu"):
+                resolve_device(name)
 
 
 def test_cpu_dropout_keeps_one_minus_p_scales_the_kept_and_routes_the_gradient_through_the_same_mask():
-    from nmt.model import dropout
+    from nmt.ops.dropout import dropout
 
     x = torch.randn(1000, 1000, requires_grad=True)
     torch.manual_seed(3)
@@ -163,7 +188,7 @@ def test_cpu_dropout_keeps_one_minus_p_scales_the_kept_and_routes_the_gradient_t
 
 
 def test_the_cpu_dropout_mask_keeps_one_minus_p_in_each_16_bit_lane_and_follows_torchs_seed():
-    from nmt.model import keep_mask
+    from nmt.ops.dropout import keep_mask
 
     torch.manual_seed(5)
     keep = keep_mask(torch.Size([1001, 999]), 0.1).reshape(-1)  # not a multiple of 4: the last word is part used
@@ -180,7 +205,7 @@ def test_the_cpu_dropout_mask_keeps_one_minus_p_in_each_16_bit_lane_and_follows_
 
 
 def test_relu_dropout_on_cpu_equals_relu_then_dropout_with_the_same_random_state():
-    from nmt.model import dropout, relu_dropout
+    from nmt.ops.dropout import dropout, relu_dropout
 
     x = torch.randn(64, 96)
     x[0, :8] = 0.0  # ReLU's kink: no gradient there either way
@@ -195,3 +220,38 @@ def test_relu_dropout_on_cpu_equals_relu_then_dropout_with_the_same_random_state
     assert torch.equal(y, ry) and torch.equal(g, rg)
     assert 0.45 < (y > 0).float().mean().item() / 0.7 < 0.55  # half positive, 70% of those kept
     assert torch.equal(relu_dropout(x, 0.3, False), torch.relu(x))
+
+
+def _logits_and_grads(model, src, prev, bf16: bool):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits = model(src, prev)
+    logits.float().square().sum().backward()
+    return [logits.float(), *(p.grad.clone() for p in model.parameters())]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_optimize_for_cpu_keeps_the_parameters_and_the_stock_models_numbers(dtype):
+    """The ops swapped in on CPU change classes, not parameters: the same checkpoint keys, and
+    the stock model's logits and gradients: in fp32 to rounding (kernels sum in other orders),
+    in bf16 as close to the fp32 numbers as the stock ops under autocast are."""
+    from nmt.ops import optimize_for
+
+    torch.manual_seed(0)
+    cfg = build_config("tiny", 30, 30, dropout=0.0)
+    stock, fast, exact = Transformer(cfg), Transformer(cfg), Transformer(cfg)
+    fast.load_state_dict(stock.state_dict())
+    exact.load_state_dict(stock.state_dict())
+    optimize_for(fast, torch.device("cpu"), dtype, row_multiple=64)
+    assert list(fast.state_dict()) == list(stock.state_dict())
+    assert type(fast.encoder_layers[0].self_attn) is not type(stock.encoder_layers[0].self_attn)
+    src = torch.tensor([[5, 6, 7, EOS_ID], [8, 9, EOS_ID, 0]])  # one padded source
+    prev = torch.tensor([[BOS_ID, 5, 6], [BOS_ID, 8, 0]])
+    bf16 = dtype == torch.bfloat16
+    ref = _logits_and_grads(exact, src, prev, bf16=False)
+    if not bf16:
+        for out, r in zip(_logits_and_grads(fast, src, prev, bf16=False), ref):
+            torch.testing.assert_close(out, r, rtol=1e-4, atol=1e-5)
+        return
+    for out, base, r in zip(_logits_and_grads(fast, src, prev, True), _logits_and_grads(stock, src, prev, True), ref):
+        error, stock_error = ((out - r).norm() / r.norm()).item(), ((base - r).norm() / r.norm()).item()
+        assert error <= 1.25 * stock_error + 0.01, (error, stock_error)

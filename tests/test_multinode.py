@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import run_nmt, wait_until
-from nmt.checkpoint import load_checkpoint
+from nmt.run.checkpoint import load_checkpoint
 from test_distributed import assert_same_params, final_params
 from test_runlock import hold_lock
 from test_train import TINY, fresh_copy, prepared  # noqa: F401  (fixture)

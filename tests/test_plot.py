@@ -12,7 +12,7 @@ import pytest
 
 from conftest import assert_one_line_error, run_nmt
 from nmt.errors import NmtError
-from nmt.plot import plot_learning_curves, read_train_log
+from nmt.train.plot import plot_learning_curves, read_train_log
 
 
 def png_size(path: Path) -> tuple[int, int]:

@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 
 from conftest import assert_one_line_error, run_nmt
-from nmt.cleaning import CleaningRules, count_reasons, drop_codes
-from nmt.data import TokenArray
+from nmt.preprocess.cleaning import CleaningRules, count_reasons, drop_codes
+from nmt.data.token_arrays import TokenArray
 from nmt.errors import NmtError
-from nmt.preprocess import PreprocessConfig, run_preprocess
-from nmt.bpe_cache import BpeWordCache
-from nmt.vocab_sample import UniformSample
-from nmt.textio import decode_block
-from nmt.tokenizer import UNK_ID, load_tokenizer
+from nmt.preprocess.pipeline import PreprocessConfig, run_preprocess
+from nmt.preprocess.cached_bpe import BpeWordCache
+from nmt.preprocess.vocab_sample import UniformSample
+from nmt.data.textio import decode_block
+from nmt.data.tokenizer import UNK_ID, load_tokenizer
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -37,7 +37,7 @@ def write_lines(path: Path, lines: list[str]) -> None:
 
 
 def normalized(line: str) -> str:
-    """What decoding gives back (see nmt.preprocess): NFKC, whitespace collapsed and stripped."""
+    """What decoding gives back (see nmt.preprocess.pipeline): NFKC, whitespace collapsed and stripped."""
     return " ".join(unicodedata.normalize("NFKC", line).split())
 
 
@@ -234,7 +234,7 @@ def test_bpe_word_cache_gives_sentencepiece_ids_exactly(multi30k_run, multi30k_d
 
 
 def test_moses_tokenizes_before_the_vocabulary_and_postprocess_undoes_it(small, tmp_path):
-    from nmt.moses import moses_postprocess, moses_preprocess
+    from nmt.data.moses import moses_postprocess, moses_preprocess
 
     lines = ["A man says: \"Hello, world!\"", "Two dogs (brown) play... in the park."]
     assert moses_preprocess(lines, "en") == ['A man says : " Hello , world ! "', "Two dogs ( brown ) play ... in the park ."]
@@ -398,7 +398,7 @@ def write_tiny_corpus(prefix: Path, n: int = 300) -> None:
 def test_a_full_disk_names_the_file_being_written(tmp_path, monkeypatch, capsys):
     """Writes to an open file raise OSError without a file name; the message must not guess
     'standard output' but name the split file, and leave no run directory behind."""
-    from nmt.data import TokenArrayWriter
+    from nmt.data.token_arrays import TokenArrayWriter
     from nmt_cli import main as cli
 
     def full_disk(self, flat, sizes):

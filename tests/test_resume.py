@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from conftest import assert_one_line_error, run_nmt, start_nmt, wait_until
-from nmt.checkpoint import load_checkpoint
-from nmt.schedule import paper_lr, peak_lr
+from nmt.run.checkpoint import load_checkpoint
+from nmt.train.schedule import paper_lr, peak_lr
 from test_train import TINY, fresh_copy, prepared  # noqa: F401  (fixture)
 
 

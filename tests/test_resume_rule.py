@@ -16,11 +16,11 @@ from typing import Any, Optional
 import pytest
 import torch
 
-from nmt import train_policy
-from nmt.checkpoint import save_checkpoint
+from nmt.train import policy as train_policy
+from nmt.run.checkpoint import save_checkpoint
 from nmt.errors import NmtError
-from nmt.train_config import TrainConfig
-from nmt.train_resume import FIRST_LAUNCH_ONLY, merge_settings, resolve_launch
+from nmt.train.config import TrainConfig
+from nmt.train.resume import FIRST_LAUNCH_ONLY, merge_settings, resolve_launch
 
 OTHER = Path("/elsewhere/A/checkpoints/checkpoint_last.pt")
 """The checkpoint a run was restored or fine-tuned from (another run's)."""
@@ -36,7 +36,7 @@ FIRST_LAUNCHES: dict[str, dict[str, Any]] = {
 
 def fake_checkpoint(path: Path, update: int, train_config: dict[str, Any], optimizer: bool = True,
                     train_state: bool = True) -> None:
-    """A small checkpoint with the layout nmt writes (see nmt.checkpoint)."""
+    """A small checkpoint with the layout nmt writes (see nmt.run.checkpoint)."""
     ckpt: dict[str, Any] = {"version": 1, "model": {"w": torch.full((2,), float(update))},
                             "config": {"d_model": 8, "encoder_layers": 1, "decoder_layers": 1, "d_ff": 16, "n_heads": 2}}
     if train_state:

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import REPO, assert_one_line_error, run_nmt
 from nmt.errors import NmtError
-from nmt.runlock import RunLock, lock_path
+from nmt.run.lock import RunLock, lock_path
 
 
 def hold_lock(run_dir: Path, command: str) -> subprocess.Popen:
@@ -22,7 +22,7 @@ def hold_lock(run_dir: Path, command: str) -> subprocess.Popen:
     code = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from nmt.runlock import RunLock
+        from nmt.run.lock import RunLock
         with RunLock(Path({str(run_dir)!r}), {command!r}):
             print("held", flush=True)
             time.sleep(600)

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from conftest import assert_one_line_error, run_nmt
-from nmt.beam_search import beam_search
-from nmt.model import Transformer
-from nmt.model_config import build_config
-from nmt.sampling import restrict, sample
-from nmt.sampling_config import SamplingConfig
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from nmt.translate_config import SearchConfig
+from nmt.inference.beam_search import beam_search
+from nmt.model.transformer import Transformer
+from nmt.model.config import build_config
+from nmt.inference.sampling import restrict, sample
+from nmt.inference.sampling_config import SamplingConfig
+from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from nmt.inference.config import SearchConfig
 from test_translate import _lines, _make_run, _one_thread  # noqa: F401  (autouse: tiny models on one thread)
 
 
@@ -57,7 +57,7 @@ def _greedy_without_cache(model: Transformer, src: torch.Tensor, max_len: torch.
 
 
 def test_topk_1_is_greedy_search():
-    from nmt.beam_search import max_output_lengths
+    from nmt.inference.beam_search import max_output_lengths
 
     torch.manual_seed(3)
     model = Transformer(build_config("tiny", 60, 60, max_positions=40)).eval()

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import assert_one_line_error, run_nmt
 from nmt.score import compound_split, compound_split_bleu, moses_tokenize, multi_bleu
-from nmt.textio import read_lines
+from nmt.data.textio import read_lines
 
 
 def sacrebleu_cli(*args: str) -> list[dict]:

@@ -15,8 +15,8 @@ pytest.importorskip("uvicorn", reason="nmt serve needs the serve extra (make ins
 
 import nmt  # noqa: E402
 from conftest import assert_one_line_error, run_nmt  # noqa: E402
-from nmt.serve import ClientError, parse_body  # noqa: E402
-from nmt.serve_config import ServeConfig  # noqa: E402
+from nmt.serve.app import ClientError, parse_body  # noqa: E402
+from nmt.serve.config import ServeConfig  # noqa: E402
 from serve_helpers import Server  # noqa: E402
 from test_translate import _lines, run_dir  # noqa: E402, F401  (fixture)
 

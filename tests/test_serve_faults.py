@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("starlette", reason="nmt serve needs the serve extra (make install installs it)")
 pytest.importorskip("uvicorn", reason="nmt serve needs the serve extra (make install installs it)")
 
-from nmt.serve import build_app  # noqa: E402
-from nmt.serve_config import ServeConfig  # noqa: E402
+from nmt.serve.app import build_app  # noqa: E402
+from nmt.serve.config import ServeConfig  # noqa: E402
 from serve_helpers import Server  # noqa: E402
 from test_translate import run_dir  # noqa: E402, F401  (fixture)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_one_line_error, run_nmt
-from nmt.tokenizer import load_tokenizer
+from nmt.data.tokenizer import load_tokenizer
 from test_translate import _lines, _save_model
 
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from conftest import assert_one_line_error, run_nmt, start_nmt, wait_until
-from nmt.checkpoint import load_checkpoint
-from nmt.schedule import paper_lr
+from nmt.run.checkpoint import load_checkpoint
+from nmt.train.schedule import paper_lr
 
 WORDS = "a house dog cat runs sees the big small red blue green man woman child plays eats walks".split()
 
@@ -143,11 +143,11 @@ def test_bf16_autocast_trains_on_cpu(prepared, tmp_path):
 
 
 def test_non_finite_losses_skip_updates_then_stop_clearly(prepared, tmp_path, monkeypatch):
-    import nmt.train as train_module
+    import nmt.train.loop as train_module
     from nmt.errors import NmtError
-    from nmt.train_config import ModelSettings, TrainConfig
+    from nmt.train.config import ModelSettings, TrainConfig
 
-    import nmt.engine as engine_module
+    import nmt.train.engine as engine_module
     real = engine_module.label_smoothed_nll_loss
 
     def poisoned(logits, target, eps):
@@ -156,7 +156,7 @@ def test_non_finite_losses_skip_updates_then_stop_clearly(prepared, tmp_path, mo
 
     monkeypatch.setattr(engine_module, "label_smoothed_nll_loss", poisoned)
     run = fresh_copy(prepared, tmp_path / "run")
-    cfg = TrainConfig(model=ModelSettings(arch="tiny"), max_tokens=256, threads=1, no_progress_bar=True, max_update=50, max_skips=3,
+    cfg = TrainConfig(model=ModelSettings(arch="tiny"), max_tokens=256, threads=1, progress_bar=False, max_update=50, max_skips=3,
                       save_interval_minutes=0)
     with pytest.raises(NmtError, match="3 updates in a row"):
         train_module.train(run, cfg)

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from nmt.errors import NmtError
-from nmt.model_config import VOCAB_FIELDS, TransformerConfig
-from nmt.train_config import ModelSettings, TrainConfig
-from nmt.train_resume import merge_settings
+from nmt.model.config import VOCAB_FIELDS, TransformerConfig
+from nmt.train.config import ModelSettings, TrainConfig
+from nmt.train.resume import merge_settings
 from nmt_cli.dataclass_options import dataclass_parameters
 
 MODEL_NAMES = [f.name for f in fields(TransformerConfig) if f.name not in VOCAB_FIELDS]
@@ -44,6 +44,35 @@ def test_old_flat_records_load_into_the_nested_model_settings():
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
 
 
+def test_old_records_with_the_negated_booleans_load_inverted():
+    """`no_progress_bar` / `no_epoch_checkpoints` (records before the booleans were named for
+    what they turn on) load as `progress_bar` / `epoch_checkpoints` with the opposite value."""
+    cfg = TrainConfig.from_dict({**OLD_FLAT_RECORD, "no_progress_bar": True, "no_epoch_checkpoints": True})
+    assert cfg.progress_bar is False and cfg.epoch_checkpoints is False
+    cfg = TrainConfig.from_dict({**OLD_FLAT_RECORD, "no_progress_bar": False, "no_epoch_checkpoints": False})
+    assert cfg.progress_bar is True and cfg.epoch_checkpoints is True
+    record = cfg.to_dict()
+    assert "no_progress_bar" not in record and TrainConfig.from_dict(record) == cfg
+    assert TrainConfig().progress_bar is True and TrainConfig().epoch_checkpoints is True
+
+
+def test_no_progress_bar_and_no_epoch_checkpoints_flags_still_turn_them_off():
+    import typer
+    from typer.testing import CliRunner
+
+    from nmt_cli.dataclass_options import with_parameters
+
+    seen: dict = {}
+    app = typer.Typer()
+    app.command()(with_parameters(lambda **kwargs: seen.update(kwargs), dataclass_parameters(TrainConfig, as_text=("max_time",))))
+    for argv, expected in (([], True), (["--no-progress-bar", "--no-epoch-checkpoints"], False),
+                           (["--progress-bar", "--epoch-checkpoints"], True)):
+        seen.clear()
+        result = CliRunner().invoke(app, argv)
+        assert result.exit_code == 0, result.output
+        assert (seen["progress_bar"], seen["epoch_checkpoints"]) == (expected, expected)
+
+
 def test_a_resume_of_an_old_run_refuses_another_model_by_the_new_flag_name():
     recorded = TrainConfig.from_dict(OLD_FLAT_RECORD)
     asked = TrainConfig(model=ModelSettings(arch="tiny", n_heads=4))
@@ -64,7 +93,7 @@ def test_the_run_records_and_the_checkpoint_name_the_model_fields_alike(trained_
 def test_log_lines_show_the_lr_to_4_significant_digits_and_train_jsonl_keeps_the_float(tmp_path, capsys):
     from types import SimpleNamespace
 
-    from nmt.train_log import TrainLogger
+    from nmt.train.log import TrainLogger
 
     lr = 512**-0.5 * 4321**-0.5  # the paper's rate after warmup: 0.0006723151323010935
     logger = TrainLogger(tmp_path, log_interval=1, progress_bar=False)

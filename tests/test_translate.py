@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from conftest import assert_one_line_error, run_nmt
-from nmt.beam_search import SearchConfig
-from nmt.checkpoint import save_checkpoint
-from nmt.identity import run_identity
-from nmt.model import Transformer
-from nmt.model_config import build_config
-from nmt.rundir import RunDir
-from nmt.tokenizer import train_tokenizer
-from nmt.translate import TranslateConfig, Translator, default_checkpoint, load_translator
+from nmt.inference.beam_search import SearchConfig
+from nmt.run.checkpoint import save_checkpoint
+from nmt.run.identity import run_identity
+from nmt.model.transformer import Transformer
+from nmt.model.config import build_config
+from nmt.run.directory import RunDir
+from nmt.data.tokenizer import train_tokenizer
+from nmt.inference.translator import TranslateConfig, Translator, default_checkpoint, load_translator
 
 WORDS = ("ein Mann fährt Fahrrad über die Straße . zwei Hunde spielen im Schnee , während Kinder lachen ; "
          "a man rides a bike across the street . two dogs play in the snow while children laugh ! "
@@ -50,7 +50,7 @@ def _save_model(path: Path, vocab: int, seed: int, run: Path | None = None) -> N
 
 def _make_run(root: Path, lines: list[str], vocab_size: int) -> Path:
     """A run directory as `nmt preprocess` + `nmt train` leave it, with a random tiny model."""
-    from nmt.tokenizer import load_tokenizer
+    from nmt.data.tokenizer import load_tokenizer
 
     path = train_tokenizer("bpe", lines, vocab_size, root / "vocab" / "joint.model", num_threads=1)
     vocab = load_tokenizer(path).vocab_size

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from nmt.streaming import pausing_buffers
-from nmt.translate import SearchConfig, TranslateConfig, load_translator
+from nmt.inference.input_buffer import pausing_buffers
+from nmt.inference.translator import SearchConfig, TranslateConfig, load_translator
 from test_translate import _lines, _make_run
 
 ANSWER_TIMEOUT = 120.0  # seconds; generous for a loaded 2-core machine, but a hang fails

@@ -1,0 +1,1 @@
+"""`nmt export`: a run's model in another engine's format (CTranslate2)."""

@@ -1,0 +1,1 @@
+"""`nmt translate`: settings, checkpoint loading, the Translator and its decoding strategies (beam search, sampling, CTranslate2), and input buffering."""

@@ -1,0 +1,99 @@
+"""Settings of `nmt translate`: the beam search (the paper's, Section 6.1) and how input is
+read, batched and run. Plain dataclasses without torch, so `nmt --help` stays fast; the CLI
+flags, their defaults and their help all come from these fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from nmt.errors import NmtError
+from nmt.settings import COUNT, POSITIVE, THREADS, Range, check_ranges, setting
+
+LENPEN_STYLES = ("gnmt", "avg")
+BEAM_STYLES = ("t2t", "fairseq", "shrink")
+AMP_CHOICES = ("auto", "none", "bf16", "fp16")
+ENGINES = ("nmt", "ctranslate2")
+MAX_BEAM = 128
+"""The widest beam: 32x the paper's 4, far past where BLEU stops improving (wider beams lose
+it, Koehn and Knowles 2017), while each sentence holds --beam rows of decoder state."""
+
+
+@dataclass
+class SearchConfig:
+    """Beam search settings; the paper's by default (Section 6.1). The CLI flags come from here."""
+
+    beam: int = setting(4, f"Beam size: hypotheses searched per sentence (paper: 4; at most {MAX_BEAM}).")
+    beam_style: str = setting(
+        "t2t",
+        "t2t: the paper's search, as tensor2tensor's beam_search.py: k hypotheses stay alive, chosen from the 2k "
+        "best extensions, the k best finished ones are kept, and a sentence stops when no alive hypothesis can "
+        "still beat them under the length penalty (the result is the best hypothesis this search can reach). "
+        "fairseq: as fairseq's sequence_generator and CTranslate2 (patience 1): k stay alive and a sentence stops "
+        "once k have finished. shrink: as dl4mt/Nematus: each finished hypothesis takes its slot with it, the "
+        "beam narrows until none is left (beam 1 is greedy search).",
+    )
+    lenpen: float = setting(0.6, "Length penalty alpha (paper: 0.6); 0 ranks hypotheses by log-probability alone.")
+    lenpen_style: str = setting(
+        "gnmt",
+        "gnmt: score / ((5+|Y|)/6)^alpha, as the paper's tensor2tensor; avg: score / |Y|^alpha, as fairseq. "
+        "|Y| counts the end-of-sentence token.",
+    )
+    max_len_a: float = setting(1.0, "a of the output length limit a * source length + b, in subword tokens (paper: 1).")
+    max_len_b: int = setting(50, "b of the output length limit a * source length + b (paper: 50); capped by the model's positions.")
+    nbest: int = setting(1, "Hypotheses kept per sentence, best first (listed by --format jsonl).")
+
+    RANGES: ClassVar[dict[str, Range]] = {
+        "beam": Range(1, MAX_BEAM), "nbest": Range(1, MAX_BEAM),
+        # Published alphas lie in [0, 2]; past 10 the penalty, not the model, picks the output.
+        "lenpen": Range(0.0, 10.0),
+        # Past 1000, a no longer limits anything (the model's positions do); a huge one overflows a * length.
+        "max_len_a": Range(0.0, 1000.0), "max_len_b": COUNT,
+    }
+    """The range of every numeric setting (`nmt.settings`)."""
+
+    def validate(self) -> None:
+        check_ranges(self)
+        if self.nbest > self.beam:
+            raise NmtError(f"--nbest must be between 1 and --beam ({self.beam}), not {self.nbest}")
+        if self.beam_style not in BEAM_STYLES:
+            raise NmtError(f"unknown --beam-style {self.beam_style!r}; choose one of {', '.join(BEAM_STYLES)}")
+        if self.lenpen_style not in LENPEN_STYLES:
+            raise NmtError(f"unknown --lenpen-style {self.lenpen_style!r}; choose one of {', '.join(LENPEN_STYLES)}")
+
+
+@dataclass
+class TranslateConfig:
+    """How input is read and batched, and where the model runs. The CLI flags come from here."""
+
+    max_tokens: int = setting(
+        4096,
+        "Source tokens per batch, padding included (the decoder holds --beam rows per sentence); "
+        "batches are cut from length-sorted input.",
+    )
+    buffer_size: int = setting(10000, "Lines read, sorted and translated at a time; output streams buffer by buffer.")
+    encoding_errors: str = setting("strict", "Invalid UTF-8 in the input: strict (error naming the line) or replace (with U+FFFD).")
+    device: str = setting("auto", "auto (a GPU when there is one), cpu, cuda or cuda:N.")
+    threads: int = setting(0, "CPU threads for the model and the tokenizer (0: PyTorch's default, one per core).")
+    amp: str = setting("auto", "Weights and activations in bf16 or fp16 (auto: bf16 on a GPU that supports it, else fp32); scores stay fp32.")
+    engine: str = setting(
+        "nmt",
+        "nmt: this package's decoder. ctranslate2: CTranslate2 (pip install 'nmt\\[ct2]') on the model exported by "
+        "`nmt export --format ctranslate2` (--ct2-model), or exported first into RUN/ctranslate2/; it searches "
+        "with its own rule only: pass --beam-style fairseq --lenpen-style avg.",
+    )
+    ct2_model: str = setting("", "CTranslate2 model directory for --engine ctranslate2 (default: RUN/ctranslate2/CHECKPOINT, exported when missing or older than the checkpoint).")
+    ct2_compute_type: str = setting("default", "CTranslate2 compute type (default: the exported weights' type; int8, int8_float32, float32, bfloat16, ...).")
+
+    RANGES: ClassVar[dict[str, Range]] = {"max_tokens": POSITIVE, "buffer_size": POSITIVE, "threads": THREADS}
+    """The range of every numeric setting (`nmt.settings`)."""
+
+    def validate(self) -> None:
+        check_ranges(self)
+        if self.encoding_errors not in ("strict", "replace"):
+            raise NmtError(f"--encoding-errors must be strict or replace, not {self.encoding_errors!r}")
+        if self.amp not in AMP_CHOICES:
+            raise NmtError(f"--amp must be one of {', '.join(AMP_CHOICES)}, not {self.amp!r}")
+        if self.engine not in ENGINES:
+            raise NmtError(f"--engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")

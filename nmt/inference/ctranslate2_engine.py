@@ -1,0 +1,154 @@
+"""`nmt translate --engine ctranslate2`: a decoding strategy of the `Translator` (which keeps
+the lines-in, lines-out contract: tokenizers, Moses, truncation, empty lines, n-best), with the
+search done by CTranslate2 on an exported model (nmt.export.ctranslate2).
+
+CTranslate2's beam search is fairseq's rule (k alive from 2k candidates, stop when k have
+finished: `patience=1`) with the |Y|^alpha penalty, so it is nmt's `--beam-style fairseq
+--lenpen-style avg`; other settings are refused rather than silently changed. To match nmt:
+|Y| counts eos (`return_end_token=True`), an empty translation is allowed
+(`min_decoding_length=0`), pad and bos are never generated (`suppress_sequences`), and each
+sentence gets its own length limit a * |X| + b: sentences are sent in groups of one source
+length, since `max_decoding_length` is one number per call. One difference stays: at its
+length limit CTranslate2 ends a hypothesis with whatever token comes, nmt forces eos there.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from nmt.inference.beam_search import Hypothesis
+from nmt.errors import NmtError
+from nmt.export.ctranslate2 import export_ctranslate2, import_ctranslate2, read_export_record, vocabulary_tokens
+from nmt.run.identity import identity_difference, run_identity, tokenizer_sha256
+from nmt.run.directory import RunDir
+from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from nmt.inference.config import SearchConfig, TranslateConfig
+
+
+def check_search_for_ctranslate2(search: SearchConfig) -> None:
+    """CTranslate2 has one search rule and one length penalty; anything else is refused."""
+    if search.lenpen_style != "avg":
+        raise NmtError(f"--engine ctranslate2 has only the |Y|^alpha length penalty, not --lenpen-style {search.lenpen_style}; "
+                       f"pass --lenpen-style avg (and --beam-style fairseq)")
+    if search.beam_style != "fairseq":
+        raise NmtError(f"--engine ctranslate2 searches with the fairseq rule only, not --beam-style {search.beam_style}; "
+                       f"pass --beam-style fairseq")
+
+
+@contextmanager
+def _waiting_lock(path: Path) -> Iterator[None]:
+    """Hold the POSIX lock of `path`, waiting while another process holds it.
+
+    Not `nmt.run.lock.RunLock`: that one refuses a second writer, and two translates of one run
+    must both succeed. The file stays: removing it would let a third process lock a file the
+    waiting one no longer sees (see `nmt.run.lock`). The kernel drops the lock if we die.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _is_current_export(model_dir: Path, checkpoint: Path, identity: dict) -> bool:
+    """Whether `model_dir` was exported from `checkpoint` as it is now, with this vocabulary."""
+    try:
+        record = read_export_record(model_dir)
+        newer = (model_dir / "model.bin").stat().st_mtime >= checkpoint.stat().st_mtime
+    except (NmtError, OSError):
+        return False
+    return newer and Path(record["checkpoint"]).resolve() == checkpoint.resolve() \
+        and identity_difference(record["identity"], identity) is None
+
+
+def cached_model_dir(run: RunDir, checkpoint: Path) -> tuple[Path, bool]:
+    """RUN/ctranslate2/CHECKPOINT-STEM, exported now unless it holds this checkpoint's current
+    export; returns (directory, whether it was exported now).
+
+    Exported holding RUN/ctranslate2/.STEM.lock: two translates started at once would both
+    export, and one would replace the directory the other is loading. The second waits, then
+    finds the first one's export current. A current export needs no lock (nor a writable run).
+    """
+    model_dir = run.root / "ctranslate2" / checkpoint.stem
+    identity = run_identity(run)
+    if _is_current_export(model_dir, checkpoint, identity):
+        return model_dir, False
+    with _waiting_lock(model_dir.parent / f".{model_dir.name}.lock"):
+        if _is_current_export(model_dir, checkpoint, identity):  # exported while we waited
+            return model_dir, False
+        # translate has checked (and warned about) the checkpoint's vocabulary already
+        return export_ctranslate2(run.root, model_dir, checkpoint=checkpoint, force=True, warn=lambda message: None), True
+
+
+def check_export_vocabulary(model_dir: Path, record: dict, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer) -> None:
+    """Refuse a model exported with another vocabulary than these tokenizers: its token strings
+    are not theirs, which ends in a KeyError, or in garbage when the sizes agree."""
+    exported = record["identity"]
+    src, tgt = exported["source_lang"], exported["target_lang"]
+    run_side = {"source_lang": src, "target_lang": tgt,
+                "vocab_sha256": {src: tokenizer_sha256(src_tokenizer), tgt: tokenizer_sha256(tgt_tokenizer)}}
+    difference = identity_difference(exported, run_side)
+    if difference is not None:
+        raise NmtError(f"CTranslate2 model {model_dir} was exported from another vocabulary than this run directory has "
+                       f"({difference}, export vs run); export this run's model with `nmt export`, "
+                       f"or pass the --run-dir it was exported from")
+
+
+class CTranslate2Decoder:
+    """The decoding strategy whose search runs in CTranslate2, on an exported model."""
+
+    def __init__(self, model_dir: Path, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer, cfg: TranslateConfig):
+        cfg.validate()
+        ctranslate2 = import_ctranslate2()
+        record = read_export_record(model_dir)
+        check_export_vocabulary(Path(model_dir), record, src_tokenizer, tgt_tokenizer)
+        self.cfg = cfg
+        self.model_dir = Path(model_dir)
+        self.max_positions = int(record["max_positions"])
+        device = cfg.device.split(":")[0]
+        if device == "auto":
+            device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
+        index = int(cfg.device.split(":")[1]) if ":" in cfg.device else 0
+        try:
+            self.engine = ctranslate2.Translator(str(model_dir), device=device, device_index=index,
+                                                 compute_type=cfg.ct2_compute_type, inter_threads=1, intra_threads=cfg.threads)
+        except (RuntimeError, ValueError) as e:
+            raise NmtError(f"CTranslate2 cannot load {model_dir} ({str(e).splitlines()[0]})") from None
+        self.src_pieces = vocabulary_tokens(src_tokenizer)
+        tgt_pieces = vocabulary_tokens(tgt_tokenizer)
+        self.tgt_ids = {piece: i for i, piece in enumerate(tgt_pieces)}
+        self.suppress = [[tgt_pieces[PAD_ID]], [tgt_pieces[BOS_ID]]]
+        self.eos_piece = tgt_pieces[EOS_ID]
+
+    def decode(self, ids: list[list[int]], search: SearchConfig) -> list[list[Hypothesis]]:
+        """Each line's hypotheses from CTranslate2's beam search (nmt's `Decoder` contract)."""
+        check_search_for_ctranslate2(search)
+        hyps: list[list[Hypothesis]] = [[] for _ in ids]
+        by_length: dict[int, list[int]] = {}
+        for i, seq in enumerate(ids):
+            if seq:
+                by_length.setdefault(len(seq), []).append(i)
+        for n, group in sorted(by_length.items(), reverse=True):
+            max_len = min(max(math.floor(search.max_len_a * n + search.max_len_b), 0), self.max_positions - 1)
+            results = self.engine.translate_batch(
+                [[self.src_pieces[t] for t in ids[i]] for i in group],
+                max_batch_size=max(1, self.cfg.max_tokens // (n + 1)), beam_size=search.beam, patience=1,
+                length_penalty=search.lenpen, num_hypotheses=search.nbest, return_scores=True, return_end_token=True,
+                min_decoding_length=0, max_decoding_length=max_len + 1, suppress_sequences=self.suppress,
+            )
+            for i, result in zip(group, results):
+                found = []
+                for pieces, score in zip(result.hypotheses, result.scores):
+                    length = len(pieces)  # eos included, as nmt counts |Y|
+                    if pieces and pieces[-1] == self.eos_piece:
+                        pieces = pieces[:-1]
+                    found.append(Hypothesis([self.tgt_ids[p] for p in pieces], score, score * length**search.lenpen))
+                hyps[i] = found
+        return hyps

@@ -1,0 +1,119 @@
+"""Attention kernels for one device: `F.scaled_dot_product_attention` with the same result.
+
+`nmt.model.transformer.MultiHeadAttention.attention` is the stock op; `nmt.ops.optimize_for`
+gives a model's attention layers one of the classes below, which override only that method.
+tests/test_model.py and tests/test_gemm_rows.py check each against the stock op.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator, NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from nmt.model.config import PAD_ID
+from nmt.model.transformer import MultiHeadAttention, Transformer
+
+
+def cpu_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0,
+                  is_causal: bool = False) -> Tensor:
+    """`F.scaled_dot_product_attention` on CPU, attended in fp32 for bf16/fp16 inputs, and
+    without a mask that allows every position.
+
+    PyTorch's CPU flash-attention backward in bf16 runs 3-5x slower than in fp32 (measured on
+    AMX and AVX512-BF16 Xeons, torch 2.13), and it dominated a bf16 training step, so bf16 or
+    fp16 inputs are attended in fp32 and the result cast back; the projections around it stay
+    in bf16. For the backward, q, k and v are kept as they came, in bf16, and cast again there
+    (exactly, so the gradients are unchanged): their fp32 copies, which it would otherwise
+    keep, were 98 of the 365 MiB a `small` bf16 step at 4096 tokens kept for its backward.
+    """
+    # Any of the three decides: under torch.compile the query can arrive in fp32 beside bf16 k, v.
+    low = next((t.dtype for t in (q, k, v) if t.dtype in (torch.bfloat16, torch.float16)), None)
+    if low is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+    q32, k32, v32 = q.float(), k.float(), v.float()
+    with torch.autocast("cpu", enabled=False), _keep_as_cast_from(((q32, q), (k32, k), (v32, v))):
+        out = F.scaled_dot_product_attention(q32, k32, v32, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+    return out.to(low)
+
+
+@contextmanager
+def _keep_as_cast_from(casts: tuple[tuple[Tensor, Tensor], ...]) -> Iterator[None]:
+    """Saved-tensor hooks under which autograd keeps the source of a cast `(copy, source)`
+    instead of the copy whenever it saves the copy, and casts it again when the backward
+    needs it. Up-casts (bf16 -> fp32) are exact, so the backward sees the same numbers.
+
+    Autograd keeps both hooks as long as it keeps what they saved, so they refer to the
+    copies by id only (and only while this context is open): a reference would keep them alive.
+    """
+    sources = {id(copy): source for copy, source in casts}
+
+    def pack(t: Tensor) -> object:
+        source = sources.get(id(t))
+        return t if source is None else _CastAgain(source, t.dtype)
+
+    def unpack(packed: object) -> Tensor:
+        return packed.source.to(packed.dtype) if isinstance(packed, _CastAgain) else packed
+
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            yield
+    finally:
+        sources.clear()
+
+
+class _CastAgain(NamedTuple):
+    """A saved tensor kept as the source it was cast from (`_keep_as_cast_from`)."""
+
+    source: Tensor
+    dtype: torch.dtype
+
+
+GPU_ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+"""The attention kernels PyTorch may choose from on a GPU: cuDNN's is left out.
+PyTorch prefers it on Hopper, but it plans every new shape on the host, and training batches
+(each its own sentence count and length) and beam search (a new key length every step) keep
+bringing new shapes: profiling `big` at 25k tokens on an H200 (torch 2.11) showed 9 ms of CPU
+per cuDNN attention call against 0.2-0.3 ms of GPU work, so the GPU waited for the host. Flash
+attention (no mask) and the memory-efficient kernel (padding masks) have no per-shape cost:
+training `big` went from 126 to 80 ms per update (100k -> 159k target tok/s) and `nmt
+translate` of a `base` model from 14-16 to 80-84 sentences/s."""
+
+
+def gpu_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0,
+                  is_causal: bool = False) -> Tensor:
+    """`F.scaled_dot_product_attention` with the kernels of GPU_ATTENTION_BACKENDS only."""
+    with sdpa_kernel(GPU_ATTENTION_BACKENDS):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+
+
+class CpuMultiHeadAttention(MultiHeadAttention):
+    """MultiHeadAttention whose attention is `cpu_attention` (same parameters)."""
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0,
+                  is_causal: bool = False) -> Tensor:
+        return cpu_attention(q, k, v, attn_mask, dropout_p, is_causal)
+
+
+class GpuMultiHeadAttention(MultiHeadAttention):
+    """MultiHeadAttention whose attention is `gpu_attention` (same parameters)."""
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0,
+                  is_causal: bool = False) -> Tensor:
+        return gpu_attention(q, k, v, attn_mask, dropout_p, is_causal)
+
+
+class CpuTransformer(Transformer):
+    """A Transformer (same parameters) whose source mask is None for a batch without padding:
+    PyTorch's CPU attention runs faster without a mask than with one that allows everything.
+    (On a GPU, asking whether there is padding would make the host wait for the device, and
+    graphs under torch.compile keep one shape of call, so both always pass the mask.)"""
+
+    def source_mask(self, src_tokens: Tensor) -> Optional[Tensor]:
+        if torch.compiler.is_compiling() or bool(src_tokens.eq(PAD_ID).any()):
+            return super().source_mask(src_tokens)
+        return None

@@ -1,0 +1,414 @@
+"""`nmt serve`: a trained run over HTTP (Starlette app, uvicorn server).
+
+    POST /translate  {"text": "..." | ["...", ...], "beam": 4, "lenpen": 0.6, "nbest": 1}
+                     -> {"translations": [{"text", "score", "nbest": [{"text", "score"}]}],
+                         "checkpoints": [{"path", "sha256"}], "settings": {...}, "time_ms": ...}
+    GET  /health     -> {"status": "ok"}
+    GET  /info       -> languages, architecture, parameters, checkpoints with hashes, settings,
+                        limits, and batching counters (requests, sentences, model calls)
+    GET  /           -> a page to type a sentence into and read its translation
+
+It translates with `nmt.api.Model`, the engine of `nmt translate`, through `nmt.serve.batcher`, so
+concurrent requests share model calls. Every error a client can cause is a 4xx with a JSON
+{"error": "..."} of one line; anything else is a 500 with no details (the traceback goes to
+the server's log only). On SIGTERM the server stops accepting connections, answers the
+requests it holds (a 503 to those still sending their body; the others are translated, for
+GRACEFUL_SHUTDOWN_S at most), and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import signal
+import socket
+import sys
+import time
+from dataclasses import asdict
+from importlib import resources
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Optional, Sequence
+
+from nmt.errors import NmtError
+from nmt.serve.config import ServeConfig
+from nmt.inference.config import SearchConfig
+
+log = logging.getLogger("nmt.serve.app")
+
+REQUEST_FIELDS = {"text", "beam", "lenpen", "nbest"}
+
+
+class ClientError(Exception):
+    """A request the server refuses: an HTTP status and a one-line reason."""
+
+    def __init__(self, status: int, reason: str):
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+# -- request parsing (no web framework needed) ------------------------------------------
+
+def parse_body(body: bytes, cfg: ServeConfig) -> tuple[list[str], bool, dict[str, Any]]:
+    """(sentences, whether "text" was a single string, beam search overrides), or ClientError."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ClientError(400, f"the body is not valid UTF-8 (bad byte at offset {e.start})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ClientError(400, f"the body is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
+    except RecursionError:
+        raise ClientError(400, "the body is not a request: its JSON is nested too deeply") from None
+    except ValueError:  # Python refuses to read integers of more than 4300 digits
+        raise ClientError(400, "the body is not a request: it holds a number with thousands of digits") from None
+    if not isinstance(data, dict):
+        raise ClientError(400, f'the body must be a JSON object like {{"text": "..."}}, not a JSON {_json_type(data)}')
+    unknown = sorted(set(data) - REQUEST_FIELDS)
+    if unknown:
+        raise ClientError(400, f"unknown field(s) {', '.join(map(repr, unknown))}; use {', '.join(sorted(REQUEST_FIELDS))}")
+    if "text" not in data:
+        raise ClientError(400, 'missing field "text": a string or a list of strings')
+    text_value = data["text"]
+    single = isinstance(text_value, str)
+    lines = [text_value] if single else text_value
+    if not isinstance(lines, list) or not all(isinstance(x, str) for x in lines):
+        raise ClientError(400, f'"text" must be a string or a list of strings, not {_json_type(text_value)}'
+                               + (" with other items" if isinstance(lines, list) else ""))
+    if len(lines) > cfg.max_lines:
+        raise ClientError(413, f"{len(lines)} sentences is more than this server takes at once ({cfg.max_lines}); split the request")
+    chars = sum(map(len, lines))
+    if chars > cfg.max_chars:
+        raise ClientError(413, f"{chars} characters is more than this server takes at once ({cfg.max_chars}); split the request")
+    for i, line in enumerate(lines):
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError as e:  # JSON lets "\ud800" stand alone; no tokenizer can read it
+            where = "" if single else f" (item {i})"
+            raise ClientError(400, f'"text"{where} holds a lone surrogate {line[e.start]!r} at character {e.start}, '
+                                   "which is no character; send a whole surrogate pair") from None
+    return lines, single, _search_overrides(data, cfg)
+
+
+def _search_overrides(data: dict[str, Any], cfg: ServeConfig) -> dict[str, Any]:
+    search: dict[str, Any] = {}
+    for name in ("beam", "nbest"):
+        if name in data:
+            value = data[name]
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ClientError(400, f'"{name}" must be an integer, not {_json_type(value)}')
+            search[name] = value
+    if "beam" in search and not 1 <= search["beam"] <= cfg.max_beam:
+        raise ClientError(400, f'"beam" must be between 1 and {cfg.max_beam}, not {_shown(search["beam"])}')
+    if "lenpen" in data:
+        value = data["lenpen"]
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ClientError(400, f'"lenpen" must be a number, not {_json_type(value)}')
+        must = SearchConfig.RANGES["lenpen"].refusal(value)  # before float(), which overflows on a 400-digit int
+        if must is not None:
+            raise ClientError(400, f'"lenpen" must be {must}, not {_shown(value)}')
+        search["lenpen"] = float(value)
+    return search
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _shown(value: Any) -> str:
+    """A refused value in a message: a number as itself (cut short), anything else by its JSON type."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        text = repr(value)
+        return text if len(text) <= 24 else text[:21] + "..."
+    return _json_type(value)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# -- the service: model, batcher, provenance --------------------------------------------
+
+class TranslationService:
+    """The loaded model behind the batcher, plus what /info and each answer report about it."""
+
+    def __init__(self, load_model: Callable[[], Any], cfg: ServeConfig):
+        """`load_model` runs on the batcher's worker thread, the one thread that ever computes
+        with the model (see `nmt.serve.batcher`: a second computing thread halved CPU speed)."""
+        from nmt.serve.batcher import Batcher
+
+        self.cfg = cfg
+        self.batcher = Batcher(self._translate, cfg.batch_window_ms / 1000.0, cfg.max_batch_sentences, init=load_model)
+        self.model = self.batcher.wait_ready()
+        self.checkpoints = [{"path": str(p), "sha256": file_sha256(p)} for p in self.model.checkpoints]
+        self.runs_on = _runs_on(self.model.translator)
+        self.architecture = _architecture(self.model)
+
+    def _translate(self, lines: Sequence[str], search: dict[str, Any]) -> list[Any]:
+        return self.model.with_search(**search).translate(lines)
+
+    def settings(self, search: dict[str, Any]) -> dict[str, Any]:
+        """The beam search used (defaults with the request's overrides) and where the model runs."""
+        tr = self.model.translator
+        return {**asdict(tr.search), **search, **self.runs_on, "max_tokens": tr.cfg.max_tokens}
+
+    def check_search(self, search: dict[str, Any]) -> None:
+        try:
+            self.model.with_search(**search)
+        except NmtError as e:
+            raise ClientError(400, str(e).replace("--", "")) from None
+
+    async def translate(self, lines: list[str], search: dict[str, Any]) -> list[Any]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+
+        def done(found: Optional[list[Any]], error: Optional[BaseException]) -> None:
+            loop.call_soon_threadsafe(_settle, future, found, error)
+
+        self.batcher.submit(lines, search, done)
+        return await future
+
+    def info(self) -> dict[str, Any]:
+        from nmt.run.directory import RunDir
+        from nmt.train.config import TrainConfig
+
+        run = RunDir(self.model.run_dir)
+        arch = None
+        if run.has_record("train"):
+            try:
+                recorded = run.read_record("train").get("train_config")
+                arch = TrainConfig.from_dict(recorded).model.arch if recorded else None
+            except NmtError:
+                arch = None
+        model_cfg, parameters = self.architecture
+        return {
+            "source_lang": self.model.source_lang,
+            "target_lang": self.model.target_lang,
+            "arch": arch,
+            "model": model_cfg,
+            "parameters": parameters,
+            "checkpoints": self.checkpoints,
+            "settings": self.settings({}),
+            "limits": {"max_chars": self.cfg.max_chars, "max_lines": self.cfg.max_lines, "max_beam": self.cfg.max_beam,
+                       "batch_window_ms": self.cfg.batch_window_ms, "max_batch_sentences": self.cfg.max_batch_sentences},
+            "stats": asdict(self.batcher.stats),
+        }
+
+
+def _runs_on(translator: Any) -> dict[str, str]:
+    """The engine, device and number type that translate. A CTranslate2 translator holds no
+    torch model to ask; its CTranslate2 engine says."""
+    if translator.cfg.engine == "ctranslate2":
+        engine = translator.decoder.engine
+        device = engine.device if engine.device == "cpu" else f"{engine.device}:{engine.device_index[0]}"
+        return {"engine": "ctranslate2", "device": device, "dtype": engine.compute_type}
+    dtype = next(translator.models[0].parameters()).dtype
+    return {"engine": "nmt", "device": str(translator.decoder.device), "dtype": str(dtype).replace("torch.", "")}
+
+
+def _architecture(model: Any) -> tuple[dict[str, Any], int]:
+    """(model configuration, parameters) of what translates. CTranslate2 runs without the
+    torch model, so then the first checkpoint's configuration builds one without weights."""
+    import torch
+
+    from nmt.run.checkpoint import load_checkpoint
+    from nmt.model.transformer import Transformer, count_parameters
+    from nmt.model.config import TransformerConfig
+
+    models = model.translator.models
+    if not models:
+        config = load_checkpoint(model.checkpoints[0], mmap=True)["config"]
+        with torch.device("meta"):
+            models = [Transformer(TransformerConfig.from_dict(config))]
+    return models[0].cfg.to_dict(), sum(count_parameters(m) for m in models)
+
+
+def _settle(future: asyncio.Future, found: Optional[list[Any]], error: Optional[BaseException]) -> None:
+    if future.done():  # the client went away
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(found)
+
+
+# -- the web app ------------------------------------------------------------------------
+
+BODY_TIMEOUT_S = 30.0
+"""A request body must arrive within this many seconds, or the request gets a 408: a client that
+sends its headers and then stalls would otherwise hold its connection, and SIGTERM, forever.
+The largest body a server takes by default (ServeConfig.max_body_bytes, 300 kB) needs 2.5 s at 1 Mbit/s."""
+
+DRAIN_BYTES = 64 << 20
+"""How much of a too large body is read and dropped before its 413. A client that sends the
+whole body before it reads (Python's http.client, curl without Expect) gets a connection reset
+instead of the 413 when the server closes the connection with its data unread."""
+
+GRACEFUL_SHUTDOWN_S = 30.0
+"""After SIGTERM, how long the requests being translated have to be answered before they are
+cancelled; a client that never reads its answer cannot keep the server alive longer."""
+
+
+async def _receive_body(request: Any, limit: int) -> Optional[bytes]:
+    """The body, or None when it is longer than `limit` bytes (read to its end, or DRAIN_BYTES past the limit)."""
+    body = bytearray()
+    received = 0
+    async for chunk in request.stream():
+        received += len(chunk)
+        if received <= limit:
+            body += chunk
+        elif received > limit + DRAIN_BYTES:
+            break
+    return bytes(body) if received <= limit else None
+
+
+def build_app(service: TranslationService, body_timeout: float = BODY_TIMEOUT_S) -> Any:
+    """The Starlette app: routes, JSON errors, and the batcher closed at shutdown. Setting
+    `app.state.stopping` (at SIGTERM) answers the requests still sending their bodies with a 503."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.requests import ClientDisconnect, Request
+    from starlette.responses import HTMLResponse, JSONResponse
+    from starlette.routing import Route
+
+    page = resources.files("nmt.serve").joinpath("page.html").read_text(encoding="utf-8")
+    stopping = asyncio.Event()
+
+    async def read_body(request: Request) -> bytes:
+        """The body: at most max_body_bytes (413), within `body_timeout` (408), unless SIGTERM comes first (503)."""
+        limit = service.cfg.max_body_bytes
+        too_big = ClientError(413, f"the body is larger than {limit} bytes; send at most {service.cfg.max_chars} characters")
+        length = request.headers.get("content-length", "")
+        declared = int(length) if length.isascii() and length.isdigit() else 0
+        # Answered at once when the client waits for a go-ahead before it sends the body, or it is too big to read.
+        if declared > limit and ("100-continue" in request.headers.get("expect", "").lower() or declared > limit + DRAIN_BYTES):
+            raise too_big
+        reading = asyncio.ensure_future(_receive_body(request, limit))
+        stop = asyncio.ensure_future(stopping.wait())
+        done, _ = await asyncio.wait({reading, stop}, timeout=body_timeout, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if reading not in done:
+            reading.cancel()
+            if stopping.is_set():
+                raise ClientError(503, "the server is shutting down; send the request again")
+            raise ClientError(408, f"the body did not arrive within {body_timeout:g} s")
+        try:
+            body = reading.result()
+        except ClientDisconnect:
+            raise ClientError(400, "the client closed the connection before the body arrived") from None  # no one reads it
+        if body is None:
+            raise too_big
+        return body
+
+    async def translate(request: Request) -> JSONResponse:
+        start = time.perf_counter()
+        try:
+            lines, single, search = parse_body(await read_body(request), service.cfg)
+            service.check_search(search)
+        except ClientError as e:
+            # After a 408 or 503 the rest of the body may still trickle in: close rather than wait for it.
+            headers = {"connection": "close"} if e.status in (408, 503) else None
+            return JSONResponse({"error": e.reason}, status_code=e.status, headers=headers)
+        found = await service.translate(lines, search)
+        return JSONResponse({
+            "translations": [{"text": t.hyp, "score": t.score, "nbest": [{"text": h, "score": s} for h, s in t.nbest]}
+                             for t in found],
+            "checkpoints": service.checkpoints,
+            "settings": service.settings(search),
+            "time_ms": round((time.perf_counter() - start) * 1000, 3),
+        })
+
+    async def health(_: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    async def info(_: Request) -> JSONResponse:
+        return JSONResponse(service.info())
+
+    async def index(_: Request) -> HTMLResponse:
+        return HTMLResponse(page)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Any) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(service.batcher.close)  # after uvicorn answered the requests in flight
+
+    async def http_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, HTTPException)
+        return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    async def server_error(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return JSONResponse({"error": "internal error; the server log has the details"}, status_code=500)
+
+    app = Starlette(
+        routes=[
+            Route("/", index, methods=["GET"]),
+            Route("/translate", translate, methods=["POST"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/info", info, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: http_error, Exception: server_error},
+        lifespan=lifespan,
+    )
+    app.state.stopping = stopping
+    return app
+
+
+def serve(run_dir: str | Path, checkpoints: Sequence[str | Path], settings: dict[str, Any], cfg: ServeConfig) -> None:
+    """Load the run (as `nmt translate` does with the same settings) and serve it until SIGTERM or Ctrl-C."""
+    cfg.validate(settings.get("beam"))
+    try:
+        import uvicorn
+    except ImportError:
+        raise NmtError("nmt serve needs its web packages: pip install 'nmt[serve]' (make install does)") from None
+    from nmt.api import load
+
+    sock = listen_socket(cfg.host, cfg.port)  # a taken port fails before the model loads
+    service = TranslationService(lambda: load(run_dir, list(checkpoints) or None, **settings), cfg)
+    model = service.model
+    app = build_app(service)
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, telling the app when the shutdown begins."""
+
+        async def shutdown(self, sockets: Optional[list[socket.socket]] = None) -> None:
+            app.state.stopping.set()  # bodies still arriving would hold up the shutdown: a 503 now
+            await super().shutdown(sockets)
+
+    config = uvicorn.Config(app, access_log=False, log_level="warning",
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on")
+    server = Server(config)
+    host, port = sock.getsockname()[:2]
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    print(f"nmt serve: {model.source_lang}->{model.target_lang} with {', '.join(map(str, model.checkpoints))} "
+          f"on {url} (Ctrl-C or SIGTERM to stop)", file=sys.stderr, flush=True)
+    # uvicorn re-raises the SIGTERM it handled once it has drained; a handler that does
+    # nothing turns that into a normal return, so a drained shutdown exits 0.
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        service.batcher.close()
+    print("nmt serve: stopped", file=sys.stderr, flush=True)
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A bound TCP socket for `host`:`port` (port 0: any free port), or a one-line error."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)  # from now on clients queue up instead of being refused
+    except OSError as e:
+        raise NmtError(f"cannot listen on {host}:{port} ({e.strerror or e}); pick another --port or --host") from None
+    return sock
