@@ -13,7 +13,6 @@ def register(app: typer.Typer) -> None:
         vocab_size: Annotated[int, typer.Option("--vocab-size", help="Joint vocabulary size for the parameter count (paper En-De: ~37000).")] = 37000,
     ) -> None:
         """List the architectures (--arch) with their parameter counts for a shared vocabulary."""
-        from nmt.errors import NmtError
         from nmt.data.tokenizer import SPECIAL_TOKENS
 
         from nmt.settings import Range, check_value
