@@ -30,7 +30,7 @@ bench: install
 	$(BIN)/python bench/bench_all.py
 
 bench-preprocess: install
-	$(BIN)/python bench/bench_preprocess.py --json-out bench/results/preprocess.json
+	$(BIN)/python bench/bench_preprocess.py
 
 bench-train: install
 	$(BIN)/python bench/bench_train.py
@@ -40,8 +40,10 @@ bench-train: install
 bench-train-gpu: install
 	$(BIN)/python bench/bench_train.py --device cuda --arch big --max-tokens 25000 --amp bf16 --data newstest --updates 200
 
+# Trained runs to time, e.g. RUNS="runs/multi30k-en-de"; empty: random models, without CTranslate2.
+RUNS ?=
 bench-translate: install
-	$(BIN)/python bench/bench_translate.py
+	$(BIN)/python bench/bench_translate.py $(RUNS)
 
 # WMT-scale data path on a synthetic 4.5M-pair corpus (newstest lengths): preprocess, batching,
 # first update with --distributed-world-size 2 on CPU, big checkpoint write.

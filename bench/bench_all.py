@@ -1,5 +1,5 @@
 """`make bench`: run the preprocess, train and translate benchmarks one after another and write
-one JSON (bench/results/all.json) with their numbers and this machine's matmul FLOP/s, so
+one JSON (bench/results/DATE_COMMIT_MACHINE_bench-all.json) with their numbers and this machine's matmul FLOP/s, so
 numbers from different machines compare as ratios.
 
     python bench/bench_all.py [--quick]
@@ -15,6 +15,7 @@ import json
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -48,8 +49,8 @@ def main() -> None:
     args = ap.parse_args()
     py = sys.executable
     RESULTS.mkdir(parents=True, exist_ok=True)
-    run([py, str(HERE / "bench_preprocess.py"), "--json-out", str(RESULTS / "preprocess.json")]
-        + (["--pairs", "100000"] if args.quick else []))
+    started = time.time()
+    run([py, str(HERE / "bench_preprocess.py")] + (["--pairs", "100000"] if args.quick else []))
     run([py, str(HERE / "bench_train.py"), "--threads", str(args.threads)] + (["--updates", "10"] if args.quick else []))
     run([py, str(HERE / "bench_translate.py"), "--threads", str(args.threads)] + (["--limit", "100"] if args.quick else []))
     import torch
@@ -63,8 +64,8 @@ def main() -> None:
         "quick": args.quick,
     }
     for name in ("preprocess", "train", "translate"):
-        path = RESULTS / f"{name}.json"
-        summary[name] = json.loads(path.read_text()) if path.is_file() else None
+        written = [p for p in RESULTS.glob(f"*_bench-{name}.json") if p.stat().st_mtime >= started]
+        summary[name] = json.loads(max(written, key=lambda p: p.stat().st_mtime).read_text()) if written else None
     out = write_result("all", summary)
     print(json.dumps({k: v for k, v in summary.items() if k not in ("preprocess", "train", "translate")}, indent=2))
     print("wrote", out)

@@ -96,7 +96,7 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=1_000_000, help="Corpus size in pairs (default: 1,000,000)")
     ap.add_argument("--workers", type=int, default=0, help="--workers of nmt preprocess (default 0: all cores)")
     ap.add_argument("--vocab-size", type=int, default=8000)
-    ap.add_argument("--json-out", type=Path, default=None, help="Also write the result JSON here")
+    ap.add_argument("--json-out", type=Path, default=None, help="Write the result JSON here (default: a new dated file in bench/results/)")
     args = ap.parse_args()
     langs = ("en", "de")
     if not (args.data / "train.en.gz").is_file():
@@ -138,6 +138,11 @@ def main() -> None:
     if args.json_out:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(json.dumps(result, indent=2) + "\n")
+    else:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from common import write_result
+
+        write_result("preprocess", result)
 
 
 if __name__ == "__main__":

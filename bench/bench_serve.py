@@ -1,6 +1,6 @@
 """Load test of `nmt serve` on loopback, against `nmt translate`'s engine on the same lines.
 
-    .venv/bin/python bench/bench_serve.py [RUN_DIR] [--clients 1,8,32] [--seconds 20]
+    .venv/bin/python bench/bench_serve.py [RUN_DIR] [--clients 1,8,32] [--seconds 20] [--engines nmt,ctranslate2]
 
 RUN_DIR: a trained run; default the Multi30k recipe's runs/multi30k-en-de when it has a
 checkpoint, else a run with a random `small` model and a BPE vocabulary learned on Multi30k
@@ -17,8 +17,11 @@ train (bench_translate.py's; outputs then limited to the source length, see ther
 3. A screenshot of the page at `/` after typing a sentence and clicking translate, in headless
    Chromium, to bench/results/serve_page.png (skipped, with the reason, without Chromium).
 
-Results go to bench/results/serve.json. The machine may be shared: compare the ratios of one
-run (server / ceiling), not absolute numbers across runs. On a busy machine the wall-clock
+Steps 1 and 2 run once per engine (--engines): nmt's own decoder, then `--engine
+ctranslate2` on the run's CTranslate2 export (made by a one-line `nmt translate` before any
+timing; trained runs only, as a random model's outputs run to the limit). Results go to
+bench/results/DATE_COMMIT_MACHINE_bench-serve.json. The machine may be shared: compare the
+ratios of one run (server / ceiling), not absolute numbers across runs. On a busy machine the wall-clock
 ratio favours the server (its process has more threads, and Linux shares the CPU per thread),
 so the bench also gives sentences per CPU-second of the server process and of the ceiling.
 """
@@ -62,11 +65,11 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def ceiling(run: Path, source: Path, settings: dict) -> dict:
-    """Sentences/s of the `nmt translate` command on `source`, in a fresh process (model loading
-    included in its own timing; Python start-up not), and its sentences per CPU-second."""
+def ceiling(run: Path, source: Path, settings: dict, engine: str) -> dict:
+    """Sentences/s of the `nmt translate --engine ENGINE` command on `source`, in a fresh process
+    (model loading included in its own timing; Python start-up not), and its sentences per CPU-second."""
     cmd = [sys.executable, "-m", "nmt_cli", "translate", "-r", str(run), "--input", str(source), "--device", "cpu",
-           "--threads", str(settings["threads"])]
+           "--threads", str(settings["threads"]), "--engine", engine]
     for key in ("max_len_a", "max_len_b"):
         if key in settings:
             cmd += [f"--{key.replace('_', '-')}", str(settings[key])]
@@ -137,6 +140,97 @@ def load_level(port: int, lines: list[str], clients: int, per_request: int, seco
     }
 
 
+def skip_engine(engine: str, weights: str) -> str:
+    """Why `engine` is not measured here, or '' when it is."""
+    if engine not in ("nmt", "ctranslate2"):
+        raise SystemExit(f"unknown engine {engine!r} in --engines; choose nmt and/or ctranslate2")
+    if engine == "ctranslate2":
+        if weights != "trained":
+            return "needs a trained run (a random model's outputs run to the length limit)"
+        try:
+            import ctranslate2  # noqa: F401
+        except ImportError:
+            return "ctranslate2 is not installed (pip install -e '.[ct2]')"
+    return ""
+
+
+def export_first(run: Path, tmp: Path, settings: dict) -> None:
+    """Make the run's CTranslate2 export with a one-line `nmt translate`, so no timing includes it."""
+    one = tmp / "one.en"
+    one.write_text("A dog.\n", encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "nmt_cli", "translate", "-r", str(run), "--input", str(one),
+                           "--engine", "ctranslate2", "--threads", str(settings["threads"])],
+                          capture_output=True, cwd=REPO, env={**os.environ, "NMT_RUN_DIR": ""})
+    if proc.returncode != 0:
+        raise SystemExit(f"nmt translate --engine ctranslate2 failed: {proc.stderr.decode(errors='replace').strip()}")
+
+
+def measure_engine(engine: str, run: Path, lines: list[str], source_file: Path, settings: dict,
+                   args: argparse.Namespace, tmp: Path) -> dict:
+    """Steps 1-3 of the module docstring for one engine: the ceiling before, the server's
+    levels (and, for nmt's engine, the page), the ceiling after, and the ratios."""
+    from serve_helpers import Server, find_or_install_chromium, translate_in_page
+
+    first = ceiling(run, source_file, settings, engine)
+    print(f"[{engine}] nmt translate: {first['sentences_per_s']} sentences/s ({first['sentences']} lines in "
+          f"{first['seconds']} s)", file=sys.stderr)
+    flags = ["--threads", str(settings["threads"]), "--device", "cpu", "--engine", engine]
+    for key in ("max_len_a", "max_len_b"):
+        if key in settings:
+            flags += [f"--{key.replace('_', '-')}", str(settings[key])]
+    server = Server(run, *flags, *args.server_args.split(), log_dir=tmp)
+    levels = []
+    page = None
+    try:
+        info = server.get("/info")
+        for clients in [int(c) for c in args.clients.split(",")]:
+            before = server.get("/info")["stats"]
+            cpu_before = sum(psutil.Process(server.proc.pid).cpu_times()[:2])
+            level = load_level(server.port, lines, clients, args.lines_per_request, args.seconds, args.warmup)
+            cpu = sum(psutil.Process(server.proc.pid).cpu_times()[:2]) - cpu_before
+            level["server_cpu_seconds"] = round(cpu, 2)
+            level["sentences_per_cpu_s"] = round(level.pop("all_sentences") / cpu, 2)
+            after = server.get("/info")["stats"]
+            calls = after["batches"] - before["batches"]
+            level["model_calls"] = calls
+            level["sentences_per_model_call"] = round((after["sentences"] - before["sentences"]) / max(calls, 1), 1)
+            level["model_busy_fraction"] = round((after["busy_seconds"] - before["busy_seconds"]) / (args.seconds + args.warmup), 3)
+            levels.append(level)
+            lat = level["latency_ms"]
+            print(f"[{engine}] {clients:3d} clients: {level['requests_per_s']} requests/s, {level['sentences_per_s']} "
+                  f"sentences/s, latency p50 {lat['p50']} ms, p95 {lat['p95']} ms, p99 {lat['p99']} ms, "
+                  f"{level['errors']} errors, {level['sentences_per_model_call']} sentences per model call, model busy "
+                  f"{level['model_busy_fraction']:.0%} of the time", file=sys.stderr)
+        if not args.no_page and engine == "nmt":
+            chromium, why = find_or_install_chromium()
+            if chromium is None:
+                print(f"no page screenshot: {why}", file=sys.stderr)
+            else:
+                shot = RESULTS / "serve_page.png"
+                shown = translate_in_page(server.url + "/", lines[0], chromium, screenshot=shot)
+                page = {"screenshot": str(shot.relative_to(REPO)), "typed": lines[0], **shown}
+                print(f"page: typed {lines[0]!r}, shown {shown['output']!r} in {shown['time']}; screenshot {shot}",
+                      file=sys.stderr)
+    finally:
+        code = server.terminate()
+    if code != 0:
+        raise SystemExit(f"nmt serve --engine {engine} exited with {code}:\n{server.output()}")
+    # The CPU may be shared: the ceiling is the mean of one measurement before and one after the levels.
+    second = ceiling(run, source_file, settings, engine)
+    top = {"sentences_per_s": round((first["sentences_per_s"] + second["sentences_per_s"]) / 2, 1),
+           "sentences_per_cpu_s": round((first["sentences_per_cpu_s"] + second["sentences_per_cpu_s"]) / 2, 2),
+           "before": first, "after": second}
+    print(f"[{engine}] nmt translate, again: {second['sentences_per_s']} sentences/s; ceiling (mean) "
+          f"{top['sentences_per_s']} sentences/s, {top['sentences_per_cpu_s']} sentences per CPU-second", file=sys.stderr)
+    for level in levels:
+        level["fraction_of_translate"] = round(level["sentences_per_s"] / top["sentences_per_s"], 3)
+        level["cpu_fraction_of_translate"] = round(level["sentences_per_cpu_s"] / top["sentences_per_cpu_s"], 3)
+        print(f"[{engine}] {level['clients']:3d} clients: {level['fraction_of_translate']:.0%} of nmt translate's "
+              f"sentences/s, {level['cpu_fraction_of_translate']:.0%} of its sentences per CPU-second", file=sys.stderr)
+    return {"info": {"arch": info.get("arch"), "parameters": info.get("parameters"), "settings": info.get("settings")},
+            "translate_ceiling": top, "levels": levels, "page": page}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", nargs="?", type=Path, help="trained run (default: the recipe's, else a random `small` model)")
@@ -148,11 +242,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--server-args", default="", help="more `nmt serve` flags, e.g. '--batch-window-ms 2'")
     parser.add_argument("--no-page", action="store_true", help="skip the Chromium screenshot")
+    parser.add_argument("--engines", default="nmt,ctranslate2", help="engines to measure, comma-separated")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     from bench_translate import build_random_run
-    from serve_helpers import Server, find_or_install_chromium, translate_in_page
 
     source = args.data / "test_2016_flickr.en.gz"
     if not source.is_file():
@@ -174,68 +268,21 @@ def main() -> None:
         load_before = os.getloadavg()[0]
         source_file = Path(tmp) / "lines.en"
         source_file.write_text("".join(l + "\n" for l in lines), encoding="utf-8")
-        first = ceiling(run, source_file, settings)
-        print(f"nmt translate: {first['sentences_per_s']} sentences/s ({first['sentences']} lines in {first['seconds']} s)",
-              file=sys.stderr)
-
-        flags = ["--threads", str(args.threads), "--device", "cpu"]
-        for key, value in length.items():
-            flags += [f"--{key.replace('_', '-')}", str(value)]
-        server = Server(run, *flags, *args.server_args.split(), log_dir=Path(tmp))
-        levels = []
-        try:
-            for clients in [int(c) for c in args.clients.split(",")]:
-                before = server.get("/info")["stats"]
-                cpu_before = sum(psutil.Process(server.proc.pid).cpu_times()[:2])
-                level = load_level(server.port, lines, clients, args.lines_per_request, args.seconds, args.warmup)
-                cpu = sum(psutil.Process(server.proc.pid).cpu_times()[:2]) - cpu_before
-                level["server_cpu_seconds"] = round(cpu, 2)
-                level["sentences_per_cpu_s"] = round(level.pop("all_sentences") / cpu, 2)
-                after = server.get("/info")["stats"]
-                calls = after["batches"] - before["batches"]
-                level["model_calls"] = calls
-                level["sentences_per_model_call"] = round((after["sentences"] - before["sentences"]) / max(calls, 1), 1)
-                level["model_busy_fraction"] = round((after["busy_seconds"] - before["busy_seconds"]) / (args.seconds + args.warmup), 3)
-                levels.append(level)
-                lat = level["latency_ms"]
-                print(f"{clients:3d} clients: {level['requests_per_s']} requests/s, {level['sentences_per_s']} sentences/s, "
-                      f"latency p50 {lat['p50']} ms, "
-                      f"p95 {lat['p95']} ms, p99 {lat['p99']} ms, {level['errors']} errors, "
-                      f"{level['sentences_per_model_call']} sentences per model call, model busy "
-                      f"{level['model_busy_fraction']:.0%} of the time", file=sys.stderr)
-            page = None
-            if not args.no_page:
-                chromium, why = find_or_install_chromium()
-                if chromium is None:
-                    print(f"no page screenshot: {why}", file=sys.stderr)
-                else:
-                    shot = RESULTS / "serve_page.png"
-                    shown = translate_in_page(server.url + "/", lines[0], chromium, screenshot=shot)
-                    page = {"screenshot": str(shot.relative_to(REPO)), "typed": lines[0], **shown}
-                    print(f"page: typed {lines[0]!r}, shown {shown['output']!r} in {shown['time']}; screenshot {shot}",
-                          file=sys.stderr)
-        finally:
-            code = server.terminate()
-        if code != 0:
-            raise SystemExit(f"nmt serve exited with {code}:\n{server.output()}")
-        # The CPU may be shared: the ceiling is the mean of one measurement before and one after the levels.
-        second = ceiling(run, source_file, settings)
-        top = {"sentences_per_s": round((first["sentences_per_s"] + second["sentences_per_s"]) / 2, 1),
-               "sentences_per_cpu_s": round((first["sentences_per_cpu_s"] + second["sentences_per_cpu_s"]) / 2, 2),
-               "before": first, "after": second}
-        print(f"nmt translate, again: {second['sentences_per_s']} sentences/s; ceiling (mean) "
-              f"{top['sentences_per_s']} sentences/s, {top['sentences_per_cpu_s']} sentences per CPU-second", file=sys.stderr)
-        for level in levels:
-            level["fraction_of_translate"] = round(level["sentences_per_s"] / top["sentences_per_s"], 3)
-            level["cpu_fraction_of_translate"] = round(level["sentences_per_cpu_s"] / top["sentences_per_cpu_s"], 3)
-            print(f"{level['clients']:3d} clients: {level['fraction_of_translate']:.0%} of nmt translate's sentences/s, "
-                  f"{level['cpu_fraction_of_translate']:.0%} of its sentences per CPU-second", file=sys.stderr)
+        engines = {}
+        for engine in args.engines.split(","):
+            why = skip_engine(engine, weights)
+            if why:
+                print(f"engine {engine}: skipped, {why}", file=sys.stderr)
+                engines[engine] = {"skipped": why}
+                continue
+            if engine == "ctranslate2":
+                export_first(run, Path(tmp), settings)
+            engines[engine] = measure_engine(engine, run, lines, source_file, settings, args, Path(tmp))
 
     result = {"bench": "serve", "weights": weights, "run": str(args.run_dir or (RECIPE_RUN if weights == "trained" else "random small")),
               "source": str(source), "lines_per_request": args.lines_per_request, "threads": args.threads,
               "seconds_per_level": args.seconds, **({"length_limit": length} if length else {}),
-              "translate_ceiling": top, "levels": levels, "page": page,
-              "load_average_1min": {"start": load_before, "end": os.getloadavg()[0]}}
+              "engines": engines, "load_average_1min": {"start": load_before, "end": os.getloadavg()[0]}}
     write_result("serve", result)
     print(json.dumps(result))
 

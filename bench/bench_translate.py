@@ -1,27 +1,32 @@
-"""Translation speed: sentences/s, target tokens/s and peak RSS, with beam 4 and greedy, in
-process; then the whole `nmt translate` command, start-up included; then CTranslate2 (fp32 and
-int8 compute on the same exported fp32 weights) through `--engine ctranslate2`'s translator,
-against nmt with the same search (`--beam-style fairseq --lenpen-style avg`) and threads, and
-how many lines the two engines translate identically. Models: `--archs mini,small` (random
-weights) or a trained RUN_DIR. Prints one JSON line last (also in bench/results/translate.json).
-Every time is the best of --repeat runs (2), nmt's and CTranslate2's alike: a shared CPU only
-ever slows a run down, and the whole command is compared with the in-process time.
+"""Translation speed: nmt's decoder against CTranslate2 run as its own users run it.
+
+For each model: nmt's sentences/s and target tokens/s in process (beam 4 with the paper's
+`t2t` search, greedy, and beam 4 `--beam-style fairseq --lenpen-style avg`, the search
+CTranslate2 does); then, for a trained model, CTranslate2 in processes of its own that never
+import torch (bench/ct2_standalone.py: one `translate_batch` over all lines, sorted token-based
+batches of --max-tokens, fp32 and int8 compute on the same exported weights, every
+inter_threads x intra_threads split whose product is --threads, the best one kept), nmt's
+`--engine ctranslate2` translator in a process of its own (bench/ct2_engine.py), the ratios,
+how many lines are identical, and the whole `nmt translate` command (wall time, peak RSS) for
+both engines next to a whole standalone CTranslate2 process doing the same work. Every time is
+the best of --repeat runs (2): a shared CPU only ever slows a run down.
 
 Also the model FLOP/s as a fraction of the fp32 matmul FLOP/s measured here with the same
 threads (a ratio that survives a noisy machine): model FLOPs = 2 x (encoder non-embedding
 parameters + decoder encoder-key/value projections) x source tokens + 2 x (the rest of the
 decoder + vocabulary x d_model) x decoder rows, one row per hypothesis per step.
 
-    .venv/bin/python bench/bench_translate.py [RUN_DIR] [--limit N] [--threads 2]
+    .venv/bin/python bench/bench_translate.py [RUN_DIR ...] [--limit N] [--threads 2]
+    make bench-translate RUNS="runs/mini runs/small"
 
-RUN_DIR: a trained run directory (its checkpoint_avg/best/last.pt). Without one, the bench
-builds a run in a temporary folder: a joint BPE vocabulary (--vocab-size, 8000) learned on
-Multi30k train (en+de) and randomly initialised models (--archs, `mini` and `small`; small: 3+3 layers, d_model
-256). Random weights almost never choose eos, so their outputs would run to the length limit
-(source + 50); the bench then limits outputs to --max-len-a 1 --max-len-b 0, as long as their
-sources, which is about a trained model's length on test_2016_flickr (German references: 14.3
-subword tokens per line, English sources: 14.2). The numbers of a trained model differ: it
-stops at eos, and its beam may run a few steps past the best hypothesis.
+RUN_DIR: trained run directories (their checkpoint_avg/best/last.pt). Without one, the bench
+builds runs in a temporary folder: a joint BPE vocabulary (--vocab-size, 8000) learned on
+Multi30k train (en+de) and randomly initialised models (--archs, `mini` and `small`). Random
+weights almost never choose eos, so their outputs would run to the length limit (source + 50);
+the bench then limits outputs to --max-len-a 1 --max-len-b 0, about a trained model's length on
+test_2016_flickr, and skips CTranslate2: at the limit, one max_decoding_length for all lines
+(what its users pass) is other work than nmt's per-line limits. Writes
+bench/results/DATE_COMMIT_MACHINE_bench-translate.json and prints it as one JSON line last.
 
 For the GPU check (the paper's `base`, newstest2014, bf16):
     python bench/bench_translate.py --archs base --device cuda --amp bf16 \\
@@ -46,10 +51,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import DEFAULT_MULTI30K, REPO, matmul_flops, peak_rss_mib, write_result  # noqa: E402
 
 sys.path.insert(0, str(REPO))
-
-
-RANDOM_IDENTITY_NOTE = (" (random weights: every line ends at the length limit, where CTranslate2 ends with whatever"
-                        " token comes and nmt forces eos; identity is checked with a trained RUN_DIR)")
 
 
 def build_random_run(root: Path, multi30k: Path, arch: str, vocab_size: int) -> Path:
@@ -86,24 +87,6 @@ def model_flops(model, source_tokens: int, decoder_rows: int) -> float:
     dec = sum(p.numel() for p in model.decoder_layers.parameters()) - memory_kv
     out = model.cfg.tgt_vocab_size * model.cfg.d_model
     return 2.0 * ((enc + memory_kv) * source_tokens + (dec + out) * decoder_rows)
-
-
-def time_ctranslate2(run: Path, lines: list[str], compute_type: str, args, length: dict) -> tuple[dict, list[str]]:
-    """CTranslate2 sentences/s with nmt's tokenization and line handling around it; and its output lines."""
-    from nmt.inference.translator import load_translator
-    from nmt.inference.config import SearchConfig, TranslateConfig
-
-    search = SearchConfig(beam=4, beam_style="fairseq", lenpen_style="avg", **length)
-    cfg = TranslateConfig(device=args.device, threads=args.threads, max_tokens=args.max_tokens,
-                          engine="ctranslate2", ct2_compute_type=compute_type)
-    translator = load_translator(run, search=search, cfg=cfg)
-    translator.translate(lines[:32])
-    seconds = math.inf
-    for _ in range(args.repeat):
-        start = time.perf_counter()
-        out = translator.translate(lines)
-        seconds = min(seconds, time.perf_counter() - start)
-    return {"seconds": round(seconds, 3), "sentences_per_s": round(len(lines) / seconds, 1)}, [t.hyp for t in out]
 
 
 def time_in_process(run: Path, lines: list[str], beam: int, args, length: dict, **search_args) -> dict:
@@ -149,28 +132,113 @@ def time_in_process(run: Path, lines: list[str], beam: int, args, length: dict, 
     }
 
 
-def time_cli(run: Path, source: Path, n_lines: int, args, length: dict) -> dict:
-    cmd = [sys.executable, "-m", "nmt_cli", "translate", "-r", str(run), "--input", str(source), "--quiet",
-           "--threads", str(args.threads), "--device", args.device, "--amp", args.amp, "--max-tokens", str(args.max_tokens)]
-    for key, value in length.items():
-        cmd += [f"--{key.replace('_', '-')}", str(value)]
-    # Peak RSS of this one command: GNU time when there is one (RUSAGE_CHILDREN is the max over all children).
+def time_command(cmd: list[str], repeat: int) -> tuple[float, float, str]:
+    """(best wall seconds of `repeat` runs, largest peak RSS in MiB, stdout) of one command.
+
+    Peak RSS from GNU time when there is one (getrusage's RUSAGE_CHILDREN is the max over all
+    children this bench ever ran, so only an upper bound)."""
     timer = ["/usr/bin/time", "-f", "%M"] if Path("/usr/bin/time").is_file() else []
-    seconds, peak_kib = math.inf, 0
-    for _ in range(args.repeat):  # the best of N, as in-process
+    seconds, peak_kib, stdout = math.inf, 0, ""
+    for _ in range(repeat):  # the best of N, as in-process
         start = time.perf_counter()
         proc = subprocess.run(timer + cmd, capture_output=True, cwd=REPO)
         seconds = min(seconds, time.perf_counter() - start)
         if proc.returncode != 0:
-            raise SystemExit(f"nmt translate failed: {proc.stderr.decode(errors='replace').strip()}")
-        lines_out = proc.stdout.decode("utf-8").count("\n")
+            raise SystemExit(f"{' '.join(cmd[:4])} ... failed: {proc.stderr.decode(errors='replace').strip()}")
+        stdout = proc.stdout.decode("utf-8")
         peak_kib = max(peak_kib, int(proc.stderr.decode().split()[-1]) if timer else resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-    return {"seconds": round(seconds, 2), "lines_in": n_lines, "lines_out": lines_out, "peak_rss_mib": round(peak_kib / 1024, 1)}
+    return seconds, peak_kib / 1024, stdout
+
+
+def time_cli(run: Path, source: Path, n_lines: int, args, length: dict, *extra: str) -> dict:
+    """The whole `nmt translate` command, start-up and model loading included."""
+    cmd = [sys.executable, "-m", "nmt_cli", "translate", "-r", str(run), "--input", str(source), "--quiet",
+           "--threads", str(args.threads), "--device", args.device, "--amp", args.amp, "--max-tokens", str(args.max_tokens), *extra]
+    for key, value in length.items():
+        cmd += [f"--{key.replace('_', '-')}", str(value)]
+    seconds, peak, stdout = time_command(cmd, args.repeat)
+    return {"seconds": round(seconds, 2), "lines_in": n_lines, "lines_out": stdout.count("\n"), "peak_rss_mib": round(peak, 1)}
+
+
+def thread_splits(threads: int) -> list[tuple[int, int]]:
+    """(inter_threads, intra_threads) pairs whose product is `threads`: CTranslate2's two ways to use cores."""
+    return [(inter, threads // inter) for inter in range(1, threads + 1) if threads % inter == 0]
+
+
+def standalone_ctranslate2(model_dir: Path, plain: Path, out: Path, compute_type: str, args, repeat: int,
+                           split: tuple[int, int]) -> tuple[dict, list[str]]:
+    """bench/ct2_standalone.py in its own process: (its JSON line, whole-process wall and RSS; its output lines)."""
+    cmd = [sys.executable, str(REPO / "bench" / "ct2_standalone.py"), str(model_dir), str(plain), str(out),
+           "--inter", str(split[0]), "--intra", str(split[1]), "--compute-type", compute_type, "--repeat", str(repeat),
+           "--max-batch-tokens", str(args.max_tokens)]
+    seconds, peak, stdout = time_command(cmd, 1)
+    result = json.loads(stdout.strip().splitlines()[-1])
+    result.update(process_s=round(seconds, 2), peak_rss_mib=round(peak, 1))
+    return result, out.read_text(encoding="utf-8").splitlines()
+
+
+def nmt_ctranslate2_engine(run: Path, plain: Path, out: Path, compute_type: str, args) -> tuple[dict, list[str]]:
+    """nmt's `--engine ctranslate2` translator in a process of its own (bench/ct2_engine.py)."""
+    cmd = [sys.executable, str(REPO / "bench" / "ct2_engine.py"), str(run), str(plain), str(out),
+           "--threads", str(args.threads), "--compute-type", compute_type, "--repeat", str(args.repeat)]
+    _, peak, stdout = time_command(cmd, 1)
+    result = json.loads(stdout.strip().splitlines()[-1])
+    result.update(peak_rss_mib=round(peak, 1))
+    return result, out.read_text(encoding="utf-8").splitlines()
+
+
+def compare_with_ctranslate2(run: Path, plain: Path, lines: list[str], nmt_out: list[str], args, say) -> dict:
+    """CTranslate2 standalone (best thread split) vs nmt's engine on it, fp32 and int8, and the
+    whole `nmt translate --engine ctranslate2` command vs a whole standalone process."""
+    # The export runs in a child, as everything CTranslate2 here: CTranslate2 and torch in one
+    # process bring two OpenMP runtimes that fight over the cores (pytorch/pytorch#98836).
+    export = subprocess.run([sys.executable, "-c", "import sys; from nmt.run.directory import RunDir; "
+                             "from nmt.inference.checkpoints import default_checkpoint; "
+                             "from nmt.inference.ctranslate2_engine import cached_model_dir; "
+                             "from pathlib import Path; r = RunDir(Path(sys.argv[1])); print(cached_model_dir(r, default_checkpoint(r))[0])", str(run)],
+                            capture_output=True, text=True, cwd=REPO)
+    if export.returncode != 0:
+        raise SystemExit(f"export failed: {export.stderr.strip()}")
+    model_dir = Path(export.stdout.strip().splitlines()[-1])
+    result: dict = {"model_dir": str(model_dir)}
+    work = plain.parent
+    for compute_type in ("float32", "int8"):
+        runs = [standalone_ctranslate2(model_dir, plain, work / f"ct2_{compute_type}_{i}.txt", compute_type, args, args.repeat, split)
+                for i, split in enumerate(thread_splits(args.threads))]
+        best, ct2_out = max(runs, key=lambda r: r[0]["sentences_per_s"])
+        engine, engine_out = nmt_ctranslate2_engine(run, plain, work / f"engine_{compute_type}.txt", compute_type, args)
+        entry = {
+            "standalone": best | {"splits": {f"{r['inter_threads']}x{r['intra_threads']}": r["sentences_per_s"] for r, _ in runs}},
+            "nmt_engine": engine | {"ratio_to_standalone": round(engine["sentences_per_s"] / best["sentences_per_s"], 3),
+                                    "identical_lines_to_standalone": sum(a == b for a, b in zip(engine_out, ct2_out))},
+        }
+        if compute_type == "float32":
+            entry["identical_lines_nmt_fairseq_avg"] = sum(a == b for a, b in zip(nmt_out, ct2_out))
+            result["standalone_out"] = ct2_out
+        result[compute_type] = entry
+        say(f"CTranslate2 {compute_type} standalone (own process, no torch), best of inter x intra "
+            f"{entry['standalone']['splits']}: {best['sentences_per_s']} sentences/s; nmt --engine ctranslate2: "
+            f"{engine['sentences_per_s']} sentences/s = {entry['nmt_engine']['ratio_to_standalone']}x "
+            f"(torch imported: {engine['torch_imported']}; {entry['nmt_engine']['identical_lines_to_standalone']}/{len(lines)} lines identical)")
+    # whole processes doing the same work once: load, tokenize, translate, detokenize, write
+    split = (result["float32"]["standalone"]["inter_threads"], result["float32"]["standalone"]["intra_threads"])
+    walls = [standalone_ctranslate2(model_dir, plain, work / "ct2_whole.txt", "float32", args, 1, split)[0] for _ in range(args.repeat)]
+    whole = min(walls, key=lambda r: r["process_s"])
+    cli = time_cli(run, plain, len(lines), args, {}, "--engine", "ctranslate2", "--beam-style", "fairseq", "--lenpen-style", "avg")
+    result["whole_command"] = {
+        "standalone_process_s": whole["process_s"], "standalone_peak_rss_mib": max(w["peak_rss_mib"] for w in walls),
+        "nmt_cli": cli, "ratio_wall_nmt_over_standalone": round(cli["seconds"] / whole["process_s"], 3),
+    }
+    say(f"whole command, fp32: standalone CTranslate2 process {whole['process_s']} s, peak RSS "
+        f"{result['whole_command']['standalone_peak_rss_mib']} MiB; `nmt translate --engine ctranslate2` {cli['seconds']} s "
+        f"({result['whole_command']['ratio_wall_nmt_over_standalone']}x), peak RSS {cli['peak_rss_mib']} MiB, "
+        f"{cli['lines_out']}/{cli['lines_in']} lines out")
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run_dir", nargs="?", type=Path, help="trained run directory (default: a random model, see above)")
+    parser.add_argument("run_dir", nargs="*", type=Path, help="trained run directories (default: random models, see above)")
     parser.add_argument("--data", type=Path, default=DEFAULT_MULTI30K, help="Multi30k folder")
     parser.add_argument("--source", type=Path, help="lines to translate (default: DATA/test_2016_flickr.en.gz)")
     parser.add_argument("--limit", type=int, default=0, help="translate only the first N lines (0: all)")
@@ -206,8 +274,8 @@ def main() -> None:
         plain.write_text("".join(l + "\n" for l in lines), encoding="utf-8")
         result: dict = {"bench": "translate", "source": str(source), "sentences": len(lines), "threads": args.threads,
                         "device": args.device, "max_tokens": args.max_tokens, "models": {}}
-        if args.run_dir is not None:
-            models = [("trained", args.run_dir, "trained", {})]
+        if args.run_dir:
+            models = [(run.resolve().name, run, "trained", {}) for run in args.run_dir]
         else:
             models = []
             for arch in args.archs.split(","):
@@ -244,23 +312,26 @@ def bench_model(label: str, run: Path, weights: str, length: dict, lines: list[s
         result[f"beam{beam}"] = r
         say(f"nmt beam {beam} (t2t): {r['sentences_per_s']} sentences/s, {r['target_tokens_per_s']} target tokens/s "
             f"({r['seconds']} s for {len(lines)} lines; model {r['model_gflop_per_s']} GFLOP/s)")
-    if not args.no_ct2:
-        from nmt.inference.checkpoints import default_checkpoint
-        from nmt.run.directory import RunDir
-        from nmt.inference.ctranslate2_engine import cached_model_dir
-
-        cached_model_dir(RunDir(run), default_checkpoint(RunDir(run)))  # the export is not timed
-        nmt_same = time_in_process(run, lines, 4, args, length, beam_style="fairseq", lenpen_style="avg")
-        nmt_out = time_in_process.last_output
-        result["beam4_fairseq_avg"] = nmt_same
-        for compute_type in ("float32", "int8"):
-            r, out = time_ctranslate2(run, lines, compute_type, args, length)
-            r["ratio_nmt_over_ct2"] = round(nmt_same["sentences_per_s"] / r["sentences_per_s"], 3)
-            r["identical_lines"] = sum(a == b for a, b in zip(nmt_out, out))
-            result[f"ct2_{compute_type}"] = r
-            say(f"CTranslate2 {compute_type}: {r['sentences_per_s']} sentences/s; nmt (fairseq/avg) "
-                f"{nmt_same['sentences_per_s']} sentences/s = {r['ratio_nmt_over_ct2']}x; "
-                f"{r['identical_lines']}/{len(lines)} lines identical{RANDOM_IDENTITY_NOTE if weights == 'random' else ''}")
+    nmt_same = time_in_process(run, lines, 4, args, length, beam_style="fairseq", lenpen_style="avg")
+    nmt_out = time_in_process.last_output
+    result["beam4_fairseq_avg"] = nmt_same
+    say(f"nmt beam 4 (fairseq/avg): {nmt_same['sentences_per_s']} sentences/s")
+    if not args.no_ct2 and weights == "random":
+        say("CTranslate2 comparison skipped: random weights end every line at its length limit, where one "
+            "max_decoding_length per call (what CTranslate2's users pass) does other work than nmt's per-line limits; "
+            "pass a trained RUN_DIR")
+    elif not args.no_ct2:
+        ct2 = compare_with_ctranslate2(run, plain, lines, nmt_out, args, say)
+        standalone = ct2["float32"]["standalone"]["sentences_per_s"]
+        ct2.pop("standalone_out")
+        for key in ("beam4", "beam4_fairseq_avg"):
+            if key in result:
+                result[key]["ratio_to_ct2_standalone_fp32"] = round(result[key]["sentences_per_s"] / standalone, 3)
+        result["ctranslate2"] = ct2
+        say(f"nmt native / standalone CTranslate2 fp32 ({standalone} sentences/s): "
+            f"t2t {result.get('beam4', {}).get('ratio_to_ct2_standalone_fp32')}x, "
+            f"fairseq/avg {result['beam4_fairseq_avg']['ratio_to_ct2_standalone_fp32']}x; "
+            f"{ct2['float32']['identical_lines_nmt_fairseq_avg']}/{len(lines)} lines identical (nmt fairseq/avg vs CTranslate2)")
     if not args.no_cli:
         c = time_cli(run, plain, len(lines), args, length)
         result["cli_beam4"] = c

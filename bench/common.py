@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import resource
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -59,8 +62,37 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def machine() -> tuple[str, str]:
+    """(short name for a result file, description) of this CPU, from /proc/cpuinfo: the kinds
+    the project measures on (AVX2-only EPYC, Zen 4 with AVX512-BF16, Sapphire Rapids with AMX)."""
+    info = Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").is_file() else ""
+    fields = dict(line.split(":", 1) for line in info.splitlines()[:40] if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    name = fields.get("model name", "unknown CPU")
+    cores = os.cpu_count()
+    units = ", ".join(u for u, f in (("AVX-512", "avx512f"), ("AVX512-BF16", "avx512_bf16"), ("AMX-BF16", "amx_bf16")) if f in flags) or "AVX2 only"
+    description = f"{name} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')}): {units}; {cores} cores"
+    if "amx_bf16" in flags:
+        return "sapphire-rapids", description
+    if "avx512_bf16" in flags and "AMD" in name:
+        return "zen4", description
+    if "AMD" in name:
+        return "epyc-avx2", description
+    return "machine-unknown", description
+
+
 def write_result(name: str, result: dict) -> Path:
+    """bench/results/DATE_COMMIT_MACHINE_bench-NAME.json, with date, commit, machine and command
+    in it: one file per row of bench/RESULTS.md, never overwriting an earlier measurement."""
+    commit = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip() or "nocommit"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+    slug, description = machine()
+    date = time.strftime("%Y-%m-%d")
+    record = {"date": date, "commit": commit + ("+changes" if dirty else ""), "machine": description,
+              "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), **result}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    path = RESULTS / f"{date}_{commit}_{slug}_bench-{name}.json"
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {path.relative_to(REPO)}", file=sys.stderr)
     return path

@@ -32,6 +32,16 @@ def wmt14_dir() -> Path:
     return d
 
 
+def torch_blocked_env(folder: Path) -> dict[str, str]:
+    """An environment in which `import torch` fails: a package of that name, first on the
+    path, that raises. A command that works in it never loaded torch."""
+    fake = folder / "no_torch" / "torch"
+    fake.mkdir(parents=True, exist_ok=True)
+    (fake / "__init__.py").write_text('raise ImportError("torch was imported where it must not be")\n')
+    path = [str(folder / "no_torch"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {"PYTHONPATH": os.pathsep.join(path)}
+
+
 def run_nmt(*args: str, input: bytes | str | None = None, cwd: str | Path | None = None,
             env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run the real `nmt` command line in a subprocess; returns stdout/stderr as text."""

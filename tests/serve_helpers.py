@@ -24,12 +24,12 @@ START_TIMEOUT = 180.0  # seconds: the model loads in a subprocess on a shared 2-
 class Server:
     """`nmt serve -r RUN --port 0 ...` in a subprocess; its port is read from its first stderr line."""
 
-    def __init__(self, run_dir: Path, *args: str, log_dir: Optional[Path] = None):
+    def __init__(self, run_dir: Path, *args: str, log_dir: Optional[Path] = None, env: Optional[dict[str, str]] = None):
         fd, name = tempfile.mkstemp(prefix="nmt-serve-", suffix=".log", dir=log_dir)
         os.close(fd)
         self.log = Path(name)
         self._log_file = open(self.log, "wb")
-        env = {k: v for k, v in os.environ.items() if k != "NMT_RUN_DIR"}
+        env = {**{k: v for k, v in os.environ.items() if k != "NMT_RUN_DIR"}, **(env or {})}
         self.proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", "serve", "-r", str(run_dir), "--port", "0", *args],
                                      stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + START_TIMEOUT

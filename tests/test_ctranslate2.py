@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_one_line_error, run_nmt
+from conftest import assert_one_line_error, run_nmt, torch_blocked_env
 from nmt.run.identity import run_identity
 from nmt.run.directory import RunDir
 from test_identity import save_model, two_runs  # noqa: F401  (two_runs: a fixture)
@@ -114,6 +114,49 @@ def test_engine_keeps_the_line_contract(trained_tiny_run, test_lines):
         assert row["hyp"] == w["hyp"] and [h["hyp"] for h in row["nbest"]] == [h["hyp"] for h in w["nbest"]]
         assert [h["score"] for h in row["nbest"]] == pytest.approx([h["score"] for h in w["nbest"]], rel=1e-3)  # CTranslate2 search math is not bit-equal
     assert_one_line_error(run_nmt(*args, "--engine", "ctranslate2", input=data), "line 5", "--encoding-errors replace")
+
+
+def test_engine_on_an_export_never_imports_torch_and_keeps_every_line(trained_tiny_run, test_lines, tmp_path):
+    """With RUN/ctranslate2 current, translate runs where `import torch` fails: same output
+    as with torch importable, one line out per line in on the adversarial input, jsonl n-best."""
+    lines = [test_lines[0], "", "   ", "\u2028", test_lines[1], "x" * 3000, test_lines[2]]
+    data = ("\n".join(lines) + "\n").encode() + b"zwei \xff Hunde\n\n"
+    args = ["translate", "-r", trained_tiny_run, "--threads", "1", "--engine", "ctranslate2", *CT2_SEARCH,
+            "--encoding-errors", "replace", "--format", "jsonl", "--nbest", "2"]
+    with_torch = run_nmt(*args, input=data)  # exports RUN/ctranslate2/CHECKPOINT when it is not current
+    without = run_nmt(*args, input=data, env=torch_blocked_env(tmp_path))
+    assert with_torch.returncode == 0 and without.returncode == 0, with_torch.stderr + without.stderr
+    assert without.stdout == with_torch.stdout
+    rows = [json.loads(l) for l in without.stdout.splitlines()]
+    assert len(rows) == len(lines) + 2 and rows[1] == rows[2] == rows[-1] == {"hyp": "", "score": None, "nbest": []}
+    assert all(len(r["nbest"]) == 2 for i, r in enumerate(rows) if i not in (1, 2, 3, len(rows) - 1))
+    assert "1 line(s) longer than" in without.stderr  # the 3000 x's were truncated and counted
+    refused = run_nmt("translate", "-r", trained_tiny_run, "--engine", "ctranslate2", *CT2_SEARCH,
+                      input=b"ok\nzwei \xff Hunde\n", env=torch_blocked_env(tmp_path))
+    assert_one_line_error(refused, "line 2", "--encoding-errors replace")
+
+
+def test_one_call_for_all_lengths_matches_one_call_per_length(trained_tiny_run, test_lines):
+    """Every line gets the search of its own length limit, as if translated alone: the same
+    as calls grouped by source length, on limits tight enough that many lines reach them."""
+    from nmt.inference.config import SearchConfig, TranslateConfig
+    from nmt.inference.translator import load_translator
+
+    for max_len_b in (0, 3, 50):
+        search = SearchConfig(beam_style="fairseq", lenpen_style="avg", max_len_a=0.8, max_len_b=max_len_b, nbest=2)
+        translator = load_translator(trained_tiny_run, search=search,
+                                     cfg=TranslateConfig(engine="ctranslate2", threads=1, device="cpu"))
+        ids = translator.src_tokenizer.encode(test_lines[:120])
+        together = translator.decoder.decode(ids, search)
+        by_length: dict[int, list[int]] = {}
+        for i, seq in enumerate(ids):
+            by_length.setdefault(len(seq), []).append(i)
+        for group in by_length.values():
+            alone = translator.decoder.decode([ids[i] for i in group], search)
+            for i, found in zip(group, alone):
+                assert [h.tokens for h in together[i]] == [h.tokens for h in found], (max_len_b, test_lines[i])
+                limit = translator.decoder.decoding_length(len(ids[i]), search)
+                assert all(len(h.tokens) <= limit for h in found)  # at the limit without eos (module docstring)
 
 
 def test_engine_refuses_the_gnmt_penalty_in_one_line(trained_tiny_run):

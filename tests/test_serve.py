@@ -14,7 +14,7 @@ pytest.importorskip("starlette", reason="nmt serve needs the serve extra (make i
 pytest.importorskip("uvicorn", reason="nmt serve needs the serve extra (make install installs it)")
 
 import nmt  # noqa: E402
-from conftest import assert_one_line_error, run_nmt  # noqa: E402
+from conftest import assert_one_line_error, run_nmt, torch_blocked_env  # noqa: E402
 from nmt.serve.app import ClientError, parse_body  # noqa: E402
 from nmt.serve.config import ServeConfig  # noqa: E402
 from serve_helpers import Server  # noqa: E402
@@ -203,7 +203,7 @@ def test_the_ctranslate2_engine_serves_translations_and_info(run_dir, tmp_path):
     search = {"beam_style": "fairseq", "lenpen_style": "avg", "max_len_b": 6}
     model = nmt.load(run_dir, device="cpu", threads=1, engine="ctranslate2", **search)  # exports RUN/ctranslate2 first
     srv = Server(run_dir, "--threads", "1", "--engine", "ctranslate2", "--beam-style", "fairseq", "--lenpen-style", "avg",
-                 "--max-len-b", "6", log_dir=tmp_path)
+                 "--max-len-b", "6", log_dir=tmp_path, env=torch_blocked_env(tmp_path))  # serves without torch
     try:
         lines = _lines(4, 31) + [""]
         status, answer = srv.post({"text": lines, "beam": 3, "nbest": 2})

@@ -173,6 +173,26 @@ def test_batched_translation_equals_one_line_at_a_time(run_dir):
         assert tr.score == pytest.approx(alone.score, abs=1e-5)
 
 
+def test_batches_searched_at_once_give_the_lines_of_one_at_a_time(run_dir):
+    """--inter-threads 2: batches run on two worker threads, one thread each; every line, in
+    order, with the hypotheses and scores of the batches searched one after another, and
+    PyTorch's thread count is back to --threads afterwards."""
+    from nmt.inference.config import resolve_inter_threads
+
+    lines = _lines(40, 5)
+    cfg = dict(device="cpu", max_tokens=40, threads=2)
+    one = load_translator(run_dir, search=SearchConfig(max_len_b=8), cfg=TranslateConfig(**cfg, inter_threads=1))
+    two = load_translator(run_dir, search=SearchConfig(max_len_b=8), cfg=TranslateConfig(**cfg, inter_threads=2))
+    assert (one.decoder.inter_threads, two.decoder.inter_threads) == (1, 2)
+    want, got = one.translate(lines), two.translate(lines)
+    assert two.decoder._pool is not None  # the batches did go to the workers
+    assert [t.hyp for t in got] == [t.hyp for t in want]
+    assert [t.score for t in got] == pytest.approx([t.score for t in want], abs=1e-5)
+    assert torch.get_num_threads() == 2
+    assert [resolve_inter_threads(0, t, "cpu") for t in (1, 2, 3, 6, 8, 16)] == [1, 2, 3, 3, 4, 4]
+    assert resolve_inter_threads(0, 8, "cpu", sampling=True) == 1 and resolve_inter_threads(0, 8, "cuda") == 1
+
+
 def test_ensemble_of_a_model_with_itself_translates_as_the_model(run_dir, tmp_path):
     ckpt = run_dir / "checkpoints" / "checkpoint_last.pt"
     other = tmp_path / "other.pt"

@@ -20,6 +20,8 @@ What has to be said explicitly, because CTranslate2's defaults differ from nmt:
 nmt_export.json also carries the run's vocabulary identity (`nmt.run.identity`): token ids are
 only meaningful with the vocabulary they were trained with, and sizes alone do not tell two
 vocabularies apart, so both the export and whoever loads it (`read_export_record`) check it.
+It also keeps the checkpoint's own identity, model configuration and parameter count, so
+translating and serving an export never load the checkpoint (nor torch) to ask them.
 """
 
 from __future__ import annotations
@@ -182,6 +184,7 @@ def export_ctranslate2(run_dir: str | Path, output: str | Path, checkpoint: Opti
     from nmt.run.directory import RunDir
     from nmt.data.tokenizer import load_tokenizer
     from nmt.inference.checkpoints import default_checkpoint, load_model, resolve_checkpoint
+    from nmt.model.transformer import count_parameters
 
     ctranslate2 = import_ctranslate2()
     run = RunDir(Path(run_dir))
@@ -189,7 +192,8 @@ def export_ctranslate2(run_dir: str | Path, output: str | Path, checkpoint: Opti
     src_lang, tgt_lang = record["source_lang"], record["target_lang"]
     identity = run_identity(run)
     path = resolve_checkpoint(run, checkpoint) if checkpoint is not None else default_checkpoint(run)
-    check_identity(checkpoint_identity(load_checkpoint(path, mmap=True)), identity, f"checkpoint {path}", warn)
+    ckpt_identity = checkpoint_identity(load_checkpoint(path, mmap=True))
+    check_identity(ckpt_identity, identity, f"checkpoint {path}", warn)
     model = load_model(path, torch.device("cpu"), torch.float32)
     vocab_files = {lang: run.root / record["vocab"][lang] for lang in (src_lang, tgt_lang)}
     src_tok, tgt_tok = (load_tokenizer(vocab_files[lang], num_threads=1) for lang in (src_lang, tgt_lang))
@@ -212,6 +216,8 @@ def export_ctranslate2(run_dir: str | Path, output: str | Path, checkpoint: Opti
             "format": "ctranslate2", "checkpoint": str(path.resolve()), "source_lang": src_lang, "target_lang": tgt_lang,
             "tokenizer": tokenizer_files, "moses": bool(record.get("moses")), "quantization": quantization,
             "max_positions": model.cfg.max_positions, "identity": identity,
+            # what `nmt translate/serve --engine ctranslate2` would otherwise load the checkpoint with torch for
+            "checkpoint_identity": ckpt_identity, "model": model.cfg.to_dict(), "parameters": count_parameters(model),
         }, indent=2) + "\n", encoding="utf-8")
         if os.path.lexists(output):  # checked above: an earlier export; it goes with the staging folder
             os.rename(output, staging / "replaced")

@@ -7,9 +7,9 @@ once per sentence and are shared by the sentence's rows, never copied per row.
 
 One step, for every sentence at once:
   1. log-probabilities of the next token for every row: logits (float32 even under bf16
-     weights) and one log-sum-exp per row, never a written-out (rows, V) log-softmax (an
-     ensemble averages its members' log-probabilities), for a block of rows at a time, each
-     block reduced to its rows' best tokens before the next is projected;
+     weights) and their log-softmax (an ensemble averages its members' log-probabilities),
+     for a block of rows at a time, each block reduced to its rows' best tokens before the
+     next is projected;
   2. the sentence's candidates are its best one-token extensions by log-probability (all
      have the same length, so the length penalty would not change their order): 2k of them
      for `t2t` and `fairseq`, k for `shrink`;
@@ -50,6 +50,7 @@ from nmt.model.incremental import DecoderState
 from nmt.model.transformer import Transformer
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from nmt.inference.config import LENPEN_STYLES, SearchConfig
+from nmt.inference.hypothesis import Hypothesis
 
 
 @dataclass(frozen=True)
@@ -82,17 +83,6 @@ class LengthPenalty:
         return log_prob / self(length)
 
 
-@dataclass
-class Hypothesis:
-    """One finished translation: target token ids without eos, and its scores."""
-
-    tokens: list[int]
-    score: float
-    """log P(Y|X) / lp(Y): what the search ranks by."""
-    log_prob: float
-    """log P(Y|X), eos included."""
-
-
 def max_output_lengths(src_tokens: Tensor, cfg: SearchConfig, max_positions: int) -> Tensor:
     """Tokens each sentence may generate before eos: a * |X| + b, where |X| excludes eos,
     capped so that bos + tokens fit the decoder's `max_positions`."""
@@ -123,7 +113,7 @@ def _row_candidates(models: Sequence[Transformer], states: Sequence[DecoderState
                     per_row: int) -> RowCandidates:
     """Advance every model one step and rank each row's next tokens (pad and bos are never
     generated). The vocabulary projection runs a block of rows at a time, so the logits of
-    the whole batch never exist at once; log P = logits - log-sum-exp, and an ensemble
+    the whole batch never exist at once; log P = log_softmax(logits), and an ensemble
     averages its members' log-probabilities."""
     hidden = [m.decode_step_hidden(tokens, s) for m, s in zip(models, states)]
     n_rows = tokens.numel()
@@ -134,30 +124,17 @@ def _row_candidates(models: Sequence[Transformer], states: Sequence[DecoderState
     eos = torch.empty(n_rows, device=tokens.device)
     for start in range(0, n_rows, block):
         rows = slice(start, start + block)
-        if len(models) == 1:
-            scores = models[0].project_fp32(hidden[0][rows])
-            norm = _log_sum_exp_rows(scores)
-        else:
-            scores = None
-            for model, h in zip(models, hidden):
-                lprobs = F.log_softmax(model.project_fp32(h[rows]), dim=-1)
-                scores = lprobs if scores is None else scores.add_(lprobs)
+        scores = None
+        for model, h in zip(models, hidden):
+            lprobs = F.log_softmax(model.project_fp32(h[rows]), dim=-1)
+            scores = lprobs if scores is None else scores.add_(lprobs)
+        if len(models) > 1:
             scores.div_(len(models))
-            norm = scores.new_zeros(scores.size(0))
         scores[:, PAD_ID] = float("-inf")
         scores[:, BOS_ID] = float("-inf")
-        values, ids = _row_topk(scores, per_row)
-        log_probs[rows] = values - norm[:, None]
-        best[rows] = ids
-        eos[rows] = scores[:, EOS_ID] - norm
+        log_probs[rows], best[rows] = _row_topk(scores, per_row)
+        eos[rows] = scores[:, EOS_ID]
     return RowCandidates(log_probs, best, eos)
-
-
-def _log_sum_exp_rows(scores: Tensor) -> Tensor:
-    """log sum_k exp(scores[r, k]) per row, with the row maximum shifted out. On CPU `scores`
-    is one block of rows (`LOGIT_BLOCK_ELEMENTS`), which also bounds the exponentiated copy."""
-    peak = scores.amax(1)  # (R,)
-    return (scores - peak[:, None]).exp_().sum(1).log_().add_(peak)
 
 
 def _row_topk(scores: Tensor, w: int, block: int = 64) -> tuple[Tensor, Tensor]:
@@ -209,12 +186,15 @@ def beam_search(
     width = torch.full((n_sent,), k, dtype=torch.long, device=device)  # shrink: beam slots still open
     n_finished = torch.zeros(n_sent, dtype=torch.long, device=device)
     nth_best = torch.full((n_sent, nbest), neg_inf, device=device)  # best finished scores, sorted
-    # Per row: k per sentence; only the first is alive at the start (bos).
-    logp = torch.full((n_sent, k), neg_inf, device=device)
+    # Per row: `width_rows` per sentence. The first step has one hypothesis per sentence (bos),
+    # so it runs one row per sentence, as CTranslate2 does, when that row alone holds the
+    # n_cand candidates; then k rows, each the child of a row of the step before.
+    width_rows = 1 if per_row >= n_cand else k
+    logp = torch.full((n_sent, width_rows), neg_inf, device=device)
     logp[:, 0] = 0.0
-    first_row = torch.arange(n_sent, device=device)[:, None] * k  # (N, 1)
-    tokens = torch.full((n_sent * k,), BOS_ID, dtype=torch.long, device=device)
-    history = torch.empty(n_sent * k, 0, dtype=torch.long, device=device)  # (rows, t) tokens so far
+    first_row = torch.arange(n_sent, device=device)[:, None] * width_rows  # (N, 1)
+    tokens = torch.full((n_sent * width_rows,), BOS_ID, dtype=torch.long, device=device)
+    history = torch.empty(n_sent * width_rows, 0, dtype=torch.long, device=device)  # (rows, t) tokens so far
     finished: list[list[tuple[float, float, list[int]]]] = [[] for _ in range(n_sent)]
     rank = torch.arange(n_cand, device=device)
 
@@ -226,14 +206,14 @@ def beam_search(
         row_vals, row_tok = cands.log_probs, cands.tokens  # (rows, per_row)
         at_limit = max_len == step  # (N,) only eos may follow
         if bool(at_limit.any()):
-            rows = at_limit.repeat_interleave(k)
+            rows = at_limit.repeat_interleave(width_rows)
             row_vals[rows] = neg_inf
             row_vals[rows, 0] = cands.eos[rows]
             row_tok[rows, 0] = EOS_ID
         row_vals += logp.view(-1, 1)
-        cand_logp, cand_pos = row_vals.view(n_active, k * per_row).topk(n_cand, dim=1)  # sorted, best first
+        cand_logp, cand_pos = row_vals.view(n_active, width_rows * per_row).topk(n_cand, dim=1)  # sorted, best first
         cand_slot = cand_pos // per_row  # which of the sentence's rows each candidate extends
-        cand_tok = row_tok.view(n_active, k * per_row).gather(1, cand_pos)
+        cand_tok = row_tok.view(n_active, width_rows * per_row).gather(1, cand_pos)
         valid = cand_logp > neg_inf
         is_eos = cand_tok == EOS_ID
         grows = valid & ~is_eos
@@ -282,12 +262,13 @@ def beam_search(
             parent, new_tokens, new_logp = parent[sentences], new_tokens[sentences], new_logp[sentences]
             sent_id, max_len, width = sent_id[sentences], max_len[sentences], width[sentences]
             n_finished, nth_best = n_finished[sentences], nth_best[sentences]
-            first_row = first_row[:n_still]
         rows = parent.view(-1)
         tokens, logp = new_tokens.view(-1), new_logp
         history = torch.cat([history[rows], tokens[:, None]], dim=1)
         for state in states:
             state.reorder(rows, sentences)
+        width_rows = k
+        first_row = torch.arange(n_still, device=device)[:, None] * k
         step += 1
 
     return [

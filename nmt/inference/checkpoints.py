@@ -3,24 +3,23 @@
 `nmt translate`, `nmt serve`, `nmt.load`, the CTranslate2 engine and `nmt export` all pick a
 run's checkpoint (checkpoint_avg.pt, else checkpoint_best.pt, else checkpoint_last.pt, or the
 one given) and build its model here, so the rule and the vocabulary check cannot drift apart.
+Which checkpoint is a matter of file names: torch is imported only to build a model, so the
+CTranslate2 engine picks its checkpoint without it.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import torch
-
-from nmt.device import resolve_amp
 from nmt.errors import NmtError
-from nmt.model.config import TransformerConfig
-from nmt.model.transformer import Transformer
-from nmt.ops import optimize_for
-from nmt.run.checkpoint import load_checkpoint
 from nmt.run.directory import RunDir
-from nmt.run.identity import check_identity, checkpoint_identity
+
+if TYPE_CHECKING:
+    import torch
+
+    from nmt.model.transformer import Transformer
 
 DEFAULT_CHECKPOINTS = ("checkpoint_avg.pt", "checkpoint_best.pt", "checkpoint_last.pt")
 
@@ -49,6 +48,10 @@ def resolve_checkpoint(run: RunDir, given: str | Path) -> Path:
 
 
 def resolve_dtype(amp: str, device: torch.device) -> torch.dtype:
+    import torch
+
+    from nmt.device import resolve_amp
+
     return {"none": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[resolve_amp(amp, device, "translate")]
 
 
@@ -56,6 +59,12 @@ def load_model(path: Path, device: torch.device, dtype: torch.dtype,
                expected: Optional[dict] = None) -> Transformer:
     """A Transformer from a checkpoint's configuration and weights, ready for inference;
     with `expected` (a run's `nmt.run.identity`), refused when trained with another vocabulary."""
+    from nmt.model.config import TransformerConfig
+    from nmt.model.transformer import Transformer
+    from nmt.ops import optimize_for
+    from nmt.run.checkpoint import load_checkpoint
+    from nmt.run.identity import check_identity, checkpoint_identity
+
     checkpoint = load_checkpoint(path)
     if expected is not None:
         check_identity(checkpoint_identity(checkpoint), expected, f"checkpoint {path}",

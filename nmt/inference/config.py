@@ -76,6 +76,13 @@ class TranslateConfig:
     encoding_errors: str = setting("strict", "Invalid UTF-8 in the input: strict (error naming the line) or replace (with U+FFFD).")
     device: str = setting("auto", "auto (a GPU when there is one), cpu, cuda or cuda:N.")
     threads: int = setting(0, "CPU threads for the model and the tokenizer (0: PyTorch's default, one per core).")
+    inter_threads: int = setting(
+        0,
+        "Batches searched at once on a CPU, each on --threads / N threads (CTranslate2's inter_threads x "
+        "intra_threads; Marian's CPU workers): a decoder step is many small products, which one thread each runs "
+        "better than two threads share. 0 (auto): the largest divisor of --threads up to 4, 1 with --sampling "
+        "(one random stream in input order) and on a GPU. Each batch in flight holds its own search state.",
+    )
     amp: str = setting("auto", "Weights and activations in bf16 or fp16 (auto: bf16 on a GPU that supports it, else fp32); scores stay fp32.")
     engine: str = setting(
         "nmt",
@@ -86,7 +93,8 @@ class TranslateConfig:
     ct2_model: str = setting("", "CTranslate2 model directory for --engine ctranslate2 (default: RUN/ctranslate2/CHECKPOINT, exported when missing or older than the checkpoint).")
     ct2_compute_type: str = setting("default", "CTranslate2 compute type (default: the exported weights' type; int8, int8_float32, float32, bfloat16, ...).")
 
-    RANGES: ClassVar[dict[str, Range]] = {"max_tokens": POSITIVE, "buffer_size": POSITIVE, "threads": THREADS}
+    RANGES: ClassVar[dict[str, Range]] = {"max_tokens": POSITIVE, "buffer_size": POSITIVE, "threads": THREADS,
+                                          "inter_threads": THREADS}
     """The range of every numeric setting (`nmt.settings`)."""
 
     def validate(self) -> None:
@@ -97,3 +105,15 @@ class TranslateConfig:
             raise NmtError(f"--amp must be one of {', '.join(AMP_CHOICES)}, not {self.amp!r}")
         if self.engine not in ENGINES:
             raise NmtError(f"--engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
+
+
+def resolve_inter_threads(inter_threads: int, threads: int, device_type: str, sampling: bool = False) -> int:
+    """--inter-threads as given (at most `threads`), or what 0 (auto) means: on a CPU, the
+    largest divisor of `threads` up to 4 (a worker per core on small machines, few enough
+    batches in flight on large ones); 1 on a GPU and with --sampling, whose one random stream
+    must be drawn in input order for a seed to reproduce its outputs."""
+    if device_type != "cpu" or sampling:
+        return 1
+    if inter_threads:
+        return max(1, min(inter_threads, threads))
+    return max(d for d in range(1, min(threads, 4) + 1) if threads % d == 0)

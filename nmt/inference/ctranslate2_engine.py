@@ -1,15 +1,25 @@
 """`nmt translate --engine ctranslate2`: a decoding strategy of the `Translator` (which keeps
 the lines-in, lines-out contract: tokenizers, Moses, truncation, empty lines, n-best), with the
-search done by CTranslate2 on an exported model (nmt.export.ctranslate2).
+search done by CTranslate2 on an exported model (nmt.export.ctranslate2). Nothing here imports
+torch: on a current export, the command runs on CTranslate2 and SentencePiece alone, with one
+OpenMP runtime in the process (torch's and CTranslate2's, together, fight over the cores).
 
 CTranslate2's beam search is fairseq's rule (k alive from 2k candidates, stop when k have
 finished: `patience=1`) with the |Y|^alpha penalty, so it is nmt's `--beam-style fairseq
 --lenpen-style avg`; other settings are refused rather than silently changed. To match nmt:
 |Y| counts eos (`return_end_token=True`), an empty translation is allowed
-(`min_decoding_length=0`), pad and bos are never generated (`suppress_sequences`), and each
-sentence gets its own length limit a * |X| + b: sentences are sent in groups of one source
-length, since `max_decoding_length` is one number per call. One difference stays: at its
-length limit CTranslate2 ends a hypothesis with whatever token comes, nmt forces eos there.
+(`min_decoding_length=0`), pad and bos are never generated (`suppress_sequences`).
+
+Length limits. nmt gives each sentence its own limit a * |X| + b, CTranslate2 one
+`max_decoding_length` per call. All lines go into one call (CTranslate2 then batches them by
+tokens, as its users run it) with the largest limit M. A sentence whose search stopped before
+its own limit L searched exactly as it would have with L: the steps before L do not depend on
+the limit. That is told by the hypotheses: the search stops at the step where the k-th
+hypothesis finishes, so with all k asked for (`num_hypotheses=beam`; with a length penalty the
+stopping rule does not depend on it), the longest one ended at the last step. Only the
+sentences whose longest hypothesis reaches L (and L < M) are searched again, grouped by
+limit: on a trained model a handful or none. One difference stays: at its length limit
+CTranslate2 ends a hypothesis with whatever token comes, nmt forces eos there.
 """
 
 from __future__ import annotations
@@ -21,13 +31,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from nmt.inference.beam_search import Hypothesis
+from nmt.inference.hypothesis import Hypothesis
 from nmt.errors import NmtError
 from nmt.export.ctranslate2 import export_ctranslate2, import_ctranslate2, read_export_record, vocabulary_tokens
 from nmt.run.identity import identity_difference, run_identity, tokenizer_sha256
 from nmt.run.directory import RunDir
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from nmt.inference.config import SearchConfig, TranslateConfig
+from nmt.inference.config import SearchConfig, TranslateConfig, resolve_inter_threads
 
 
 def check_search_for_ctranslate2(search: SearchConfig) -> None:
@@ -58,13 +68,14 @@ def _waiting_lock(path: Path) -> Iterator[None]:
 
 
 def _is_current_export(model_dir: Path, checkpoint: Path, identity: dict) -> bool:
-    """Whether `model_dir` was exported from `checkpoint` as it is now, with this vocabulary."""
+    """Whether `model_dir` was exported from `checkpoint` as it is now, with this vocabulary
+    (and by an nmt that records the checkpoint's identity, so it needs no torch to check)."""
     try:
         record = read_export_record(model_dir)
         newer = (model_dir / "model.bin").stat().st_mtime >= checkpoint.stat().st_mtime
     except (NmtError, OSError):
         return False
-    return newer and Path(record["checkpoint"]).resolve() == checkpoint.resolve() \
+    return newer and "checkpoint_identity" in record and Path(record["checkpoint"]).resolve() == checkpoint.resolve() \
         and identity_difference(record["identity"], identity) is None
 
 
@@ -110,15 +121,22 @@ class CTranslate2Decoder:
         record = read_export_record(model_dir)
         check_export_vocabulary(Path(model_dir), record, src_tokenizer, tgt_tokenizer)
         self.cfg = cfg
+        self.record = record
+        """The export's nmt_export.json (`nmt.export.ctranslate2`): model configuration and size included."""
         self.model_dir = Path(model_dir)
         self.max_positions = int(record["max_positions"])
         device = cfg.device.split(":")[0]
         if device == "auto":
             device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
         index = int(cfg.device.split(":")[1]) if ":" in cfg.device else 0
+        # --threads and --inter-threads mean what they mean for nmt's engine: CTranslate2's
+        # inter_threads x intra_threads (on a CPU, its batches run on `inter` workers at once).
+        threads = cfg.threads or os.cpu_count() or 1
+        inter = resolve_inter_threads(cfg.inter_threads, threads, device)
+        intra = threads // inter if device == "cpu" else cfg.threads
         try:
             self.engine = ctranslate2.Translator(str(model_dir), device=device, device_index=index,
-                                                 compute_type=cfg.ct2_compute_type, inter_threads=1, intra_threads=cfg.threads)
+                                                 compute_type=cfg.ct2_compute_type, inter_threads=inter, intra_threads=intra)
         except (RuntimeError, ValueError) as e:
             raise NmtError(f"CTranslate2 cannot load {model_dir} ({str(e).splitlines()[0]})") from None
         self.src_pieces = vocabulary_tokens(src_tokenizer)
@@ -128,27 +146,48 @@ class CTranslate2Decoder:
         self.eos_piece = tgt_pieces[EOS_ID]
 
     def decode(self, ids: list[list[int]], search: SearchConfig) -> list[list[Hypothesis]]:
-        """Each line's hypotheses from CTranslate2's beam search (nmt's `Decoder` contract)."""
+        """Each line's hypotheses from CTranslate2's beam search (nmt's `Decoder` contract):
+        one call for all lines, then again for the few that reached their own limit (see above)."""
         check_search_for_ctranslate2(search)
         hyps: list[list[Hypothesis]] = [[] for _ in ids]
-        by_length: dict[int, list[int]] = {}
-        for i, seq in enumerate(ids):
-            if seq:
-                by_length.setdefault(len(seq), []).append(i)
-        for n, group in sorted(by_length.items(), reverse=True):
-            max_len = min(max(math.floor(search.max_len_a * n + search.max_len_b), 0), self.max_positions - 1)
-            results = self.engine.translate_batch(
-                [[self.src_pieces[t] for t in ids[i]] for i in group],
-                max_batch_size=max(1, self.cfg.max_tokens // (n + 1)), beam_size=search.beam, patience=1,
-                length_penalty=search.lenpen, num_hypotheses=search.nbest, return_scores=True, return_end_token=True,
-                min_decoding_length=0, max_decoding_length=max_len + 1, suppress_sequences=self.suppress,
-            )
-            for i, result in zip(group, results):
-                found = []
-                for pieces, score in zip(result.hypotheses, result.scores):
-                    length = len(pieces)  # eos included, as nmt counts |Y|
-                    if pieces and pieces[-1] == self.eos_piece:
-                        pieces = pieces[:-1]
-                    found.append(Hypothesis([self.tgt_ids[p] for p in pieces], score, score * length**search.lenpen))
-                hyps[i] = found
+        lines = [i for i, seq in enumerate(ids) if seq]
+        if not lines:
+            return hyps
+        limits = {i: self.decoding_length(len(ids[i]), search) for i in lines}
+        longest = max(limits.values())
+        again: dict[int, list[int]] = {}
+        for i, result in zip(lines, self._search([ids[i] for i in lines], longest, search)):
+            steps = max(len(pieces) for pieces in result.hypotheses)
+            if steps < limits[i] or limits[i] == longest:
+                hyps[i] = self._hypotheses(result, search)
+            else:
+                again.setdefault(limits[i], []).append(i)
+        for limit, group in again.items():
+            for i, result in zip(group, self._search([ids[i] for i in group], limit, search)):
+                hyps[i] = self._hypotheses(result, search)
         return hyps
+
+    def decoding_length(self, source_length: int, search: SearchConfig) -> int:
+        """CTranslate2's `max_decoding_length` for nmt's limit: a * |X| + b tokens before eos
+        (|X| without eos), capped by the positions, plus eos."""
+        tokens = math.floor(search.max_len_a * source_length + search.max_len_b)
+        return min(max(tokens, 0), self.max_positions - 1) + 1
+
+    def _search(self, ids: list[list[int]], max_length: int, search: SearchConfig) -> list:
+        """One `translate_batch`: CTranslate2 sorts the lines and cuts token-based batches."""
+        return self.engine.translate_batch(
+            [[self.src_pieces[t] for t in seq] for seq in ids],
+            max_batch_size=self.cfg.max_tokens, batch_type="tokens", beam_size=search.beam, patience=1,
+            length_penalty=search.lenpen, num_hypotheses=search.beam, return_scores=True, return_end_token=True,
+            min_decoding_length=0, max_decoding_length=max_length, suppress_sequences=self.suppress,
+        )
+
+    def _hypotheses(self, result, search: SearchConfig) -> list[Hypothesis]:
+        """The `nbest` best of a result (CTranslate2 sorts them), as nmt's hypotheses."""
+        found = []
+        for pieces, score in zip(result.hypotheses[: search.nbest], result.scores):
+            length = len(pieces)  # eos included, as nmt counts |Y|
+            if pieces and pieces[-1] == self.eos_piece:
+                pieces = pieces[:-1]
+            found.append(Hypothesis([self.tgt_ids[p] for p in pieces], score, score * length**search.lenpen))
+        return found

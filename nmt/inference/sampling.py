@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nmt.inference.beam_search import Hypothesis, max_output_lengths
+from nmt.inference.beam_search import max_output_lengths
+from nmt.inference.hypothesis import Hypothesis
 from nmt.model.transformer import Transformer
 from nmt.inference.sampling_config import SamplingConfig
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID

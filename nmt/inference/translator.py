@@ -7,6 +7,9 @@ source tokens (padding included), so padding stays small -> beam search -> input
 restored -> target tokenizer decodes -> (Moses detokenization). Lines without any token give
 an empty translation without running the model. Only one buffer is held in memory, so
 translation streams.
+
+This module never imports torch itself: with `--engine ctranslate2` on an exported model the
+whole command runs without it (nmt's own engine, `nmt.inference.model_decoder`, brings it).
 """
 
 from __future__ import annotations
@@ -15,22 +18,19 @@ import sys
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Protocol, Sequence
 
-import torch
-
-from nmt.data.batching import source_tensor
 from nmt.data.tokenizer import Tokenizer, load_tokenizer
-from nmt.device import resolve_device
 from nmt.errors import NmtError
-from nmt.inference.beam_search import Hypothesis, beam_search
-from nmt.inference.checkpoints import default_checkpoint, load_model, resolve_checkpoint, resolve_dtype
+from nmt.inference.checkpoints import default_checkpoint, resolve_checkpoint
 from nmt.inference.config import SearchConfig, TranslateConfig
+from nmt.inference.hypothesis import Hypothesis
 from nmt.inference.sampling_config import SamplingConfig
-from nmt.model.transformer import Transformer
-from nmt.run.checkpoint import load_checkpoint
 from nmt.run.directory import RunDir
-from nmt.run.identity import check_identity, checkpoint_identity, run_identity
+from nmt.run.identity import run_identity
+
+if TYPE_CHECKING:
+    from nmt.model.transformer import Transformer
 
 @dataclass
 class Translation:
@@ -57,52 +57,6 @@ class Decoder(Protocol):
         ...
 
 
-class ModelDecoder:
-    """nmt's own engine: beam search (or sampling) over one model or an ensemble, in batches
-    of at most `max_tokens` padded source tokens, longest lines first, so padding stays small."""
-
-    def __init__(self, models: Sequence[Transformer], max_tokens: int, sampling: Optional[SamplingConfig] = None):
-        self.models, self.max_tokens = list(models), max_tokens
-        self.device = next(self.models[0].parameters()).device
-        self.max_positions = min(m.cfg.max_positions for m in self.models)
-        self.sampling = sampling if sampling is not None and sampling.sampling else None
-        """With --sampling: one draw per line (nmt.inference.sampling) instead of the beam search."""
-        self.generator = torch.Generator(self.device).manual_seed(sampling.seed) if self.sampling else None
-
-    def decode(self, ids: list[list[int]], search: SearchConfig) -> list[list[Hypothesis]]:
-        hyps: list[list[Hypothesis]] = [[] for _ in ids]
-        for batch in self._batches(ids):
-            src = self._source_tensor([ids[i] for i in batch])
-            if self.sampling is not None:
-                from nmt.inference.sampling import sample
-
-                found = sample(self.models, src, self.sampling, search, self.generator)
-            else:
-                found = beam_search(self.models, src, search)
-            for i, hyp in zip(batch, found):
-                hyps[i] = hyp
-        return hyps
-
-    def _batches(self, ids: list[list[int]]) -> Iterator[list[int]]:
-        """Indices of non-empty lines, longest first, in batches of at most max_tokens padded source tokens."""
-        order = sorted((i for i, seq in enumerate(ids) if seq), key=lambda i: -len(ids[i]))
-        batch: list[int] = []
-        width = 0
-        for i in order:
-            n = len(ids[i]) + 1
-            if batch and (len(batch) + 1) * max(width, n) > self.max_tokens:
-                yield batch
-                batch, width = [], 0
-            batch.append(i)
-            width = max(width, n)
-        if batch:
-            yield batch
-
-    def _source_tensor(self, seqs: list[list[int]]) -> torch.Tensor:
-        """(B, S) right-padded with pad, each sentence followed by eos (`nmt.data.batching.padded_sources`)."""
-        return source_tensor(seqs).to(self.device, non_blocking=True)
-
-
 # -- the translator ---------------------------------------------------------------------
 
 class Translator:
@@ -123,7 +77,9 @@ class Translator:
         search.validate()
         cfg.validate()
         if not hasattr(decoder, "decode"):
-            decoder = ModelDecoder(decoder, cfg.max_tokens, sampling)
+            from nmt.inference.model_decoder import ModelDecoder
+
+            decoder = ModelDecoder(decoder, cfg.max_tokens, sampling, cfg.threads, cfg.inter_threads)
         self.decoder: Decoder = decoder
         self.search, self.cfg = search, cfg
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
@@ -211,33 +167,61 @@ def load_translator(
     run = RunDir(Path(run_dir))
     record = run.read_record("preprocess")
     src_lang, tgt_lang = record["source_lang"], record["target_lang"]
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
-    device = resolve_device(cfg.device)
-    dtype = resolve_dtype(cfg.amp, device)
-    paths = [resolve_checkpoint(run, c) for c in checkpoints] or [default_checkpoint(run)]
-
     tokenizers: dict[str, Tokenizer] = {}
     for lang in (src_lang, tgt_lang):
         rel = record["vocab"][lang]
         if rel not in tokenizers:
             tokenizers[rel] = load_tokenizer(run.root / rel, num_threads=cfg.threads)
     src_tok, tgt_tok = tokenizers[record["vocab"][src_lang]], tokenizers[record["vocab"][tgt_lang]]
-
     moses = (src_lang, tgt_lang) if record.get("moses") else None
-    if cfg.engine == "ctranslate2":
-        from nmt.inference.ctranslate2_engine import CTranslate2Decoder, cached_model_dir, check_search_for_ctranslate2
 
-        check_search_for_ctranslate2(search)
-        if sampling is not None and sampling.sampling:
-            raise NmtError("--sampling needs --engine nmt")
-        if len(paths) > 1:
-            raise NmtError("--engine ctranslate2 translates with one checkpoint; ensembles need --engine nmt")
-        check_identity(checkpoint_identity(load_checkpoint(paths[0])), run_identity(run), f"checkpoint {paths[0]}",
-                       warn=lambda message: print(f"nmt translate: warning: {message}", file=sys.stderr))
-        model_dir = Path(cfg.ct2_model) if cfg.ct2_model else cached_model_dir(run, paths[0])[0]
-        decoder = CTranslate2Decoder(model_dir, src_tok, tgt_tok, cfg)
+    if cfg.engine == "ctranslate2":
+        decoder, paths = _ctranslate2_decoder(run, checkpoints, search, cfg, sampling, src_tok, tgt_tok)
         return Translator(decoder, src_tok, tgt_tok, search, cfg, moses_langs=moses, checkpoints=paths)
 
+    import torch
+
+    from nmt.device import resolve_device
+    from nmt.inference.checkpoints import load_model, resolve_dtype
+
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.amp, device)
+    paths = [resolve_checkpoint(run, c) for c in checkpoints] or [default_checkpoint(run)]
     models = [load_model(path, device, dtype, expected=run_identity(run)) for path in paths]
     return Translator(models, src_tok, tgt_tok, search, cfg, moses_langs=moses, checkpoints=paths, sampling=sampling)
+
+
+def _ctranslate2_decoder(run: RunDir, checkpoints: Sequence[str | Path], search: SearchConfig, cfg: TranslateConfig,
+                         sampling: Optional[SamplingConfig], src_tok: Tokenizer,
+                         tgt_tok: Tokenizer) -> tuple[Decoder, list[Path]]:
+    """The CTranslate2 engine on --ct2-model, or on RUN/ctranslate2/CHECKPOINT (exported first
+    when missing or stale: the only step that needs torch), and the checkpoint it holds.
+
+    The checkpoint's vocabulary is checked from the export record, which holds its identity,
+    so a current export is used without loading the checkpoint.
+    """
+    from nmt.export.ctranslate2 import read_export_record
+    from nmt.inference.ctranslate2_engine import (CTranslate2Decoder, cached_model_dir, check_export_vocabulary,
+                                                  check_search_for_ctranslate2)
+    from nmt.run.identity import check_identity
+
+    check_search_for_ctranslate2(search)
+    if sampling is not None and sampling.sampling:
+        raise NmtError("--sampling needs --engine nmt")
+    if len(checkpoints) > 1:
+        raise NmtError("--engine ctranslate2 translates with one checkpoint; ensembles need --engine nmt")
+    if cfg.ct2_model:
+        model_dir = Path(cfg.ct2_model)
+        record = read_export_record(model_dir)
+        paths = [resolve_checkpoint(run, c) for c in checkpoints] or [Path(record["checkpoint"])]
+    else:
+        paths = [resolve_checkpoint(run, c) for c in checkpoints] or [default_checkpoint(run)]
+        model_dir = cached_model_dir(run, paths[0])[0]
+        record = read_export_record(model_dir)
+    check_export_vocabulary(model_dir, record, src_tok, tgt_tok)  # first: the export's own error names its folder
+    if "checkpoint_identity" in record:
+        check_identity(record["checkpoint_identity"], run_identity(run), f"checkpoint {record['checkpoint']}",
+                       warn=lambda message: print(f"nmt translate: warning: {message}", file=sys.stderr))
+    return CTranslate2Decoder(model_dir, src_tok, tgt_tok, cfg), paths

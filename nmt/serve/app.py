@@ -216,7 +216,11 @@ def _runs_on(translator: Any) -> dict[str, str]:
 
 def _architecture(model: Any) -> tuple[dict[str, Any], int]:
     """(model configuration, parameters) of what translates. CTranslate2 runs without the
-    torch model, so then the first checkpoint's configuration builds one without weights."""
+    torch model: its export record says (an older export's does not: then the checkpoint's
+    configuration builds a model without weights)."""
+    record = getattr(model.translator.decoder, "record", {})
+    if "model" in record and "parameters" in record:
+        return record["model"], int(record["parameters"])
     import torch
 
     from nmt.run.checkpoint import load_checkpoint
