@@ -17,8 +17,9 @@ train (bench_translate.py's; outputs then limited to the source length, see ther
 3. A screenshot of the page at `/` after typing a sentence and clicking translate, in headless
    Chromium, to bench/results/serve_page.png (skipped, with the reason, without Chromium).
 
-Steps 1 and 2 run once per engine (--engines): nmt's own decoder, then `--engine
-ctranslate2` on the run's CTranslate2 export (made by a one-line `nmt translate` before any
+Steps 1 and 2 run once per engine (--engines), both with --search (default `--beam-style
+fairseq --lenpen-style avg`, the one search CTranslate2 has, so both engines do the same work):
+nmt's own decoder, then `--engine ctranslate2` on the run's CTranslate2 export (made by a one-line `nmt translate` before any
 timing; trained runs only, as a random model's outputs run to the limit). Results go to
 bench/results/DATE_COMMIT_MACHINE_bench-serve.json. The machine may be shared: compare the
 ratios of one run (server / ceiling), not absolute numbers across runs. On a busy machine the wall-clock
@@ -69,7 +70,7 @@ def ceiling(run: Path, source: Path, settings: dict, engine: str) -> dict:
     """Sentences/s of the `nmt translate --engine ENGINE` command on `source`, in a fresh process
     (model loading included in its own timing; Python start-up not), and its sentences per CPU-second."""
     cmd = [sys.executable, "-m", "nmt_cli", "translate", "-r", str(run), "--input", str(source), "--device", "cpu",
-           "--threads", str(settings["threads"]), "--engine", engine]
+           "--threads", str(settings["threads"]), "--engine", engine, *settings["search"]]
     for key in ("max_len_a", "max_len_b"):
         if key in settings:
             cmd += [f"--{key.replace('_', '-')}", str(settings[key])]
@@ -159,7 +160,7 @@ def export_first(run: Path, tmp: Path, settings: dict) -> None:
     one = tmp / "one.en"
     one.write_text("A dog.\n", encoding="utf-8")
     proc = subprocess.run([sys.executable, "-m", "nmt_cli", "translate", "-r", str(run), "--input", str(one),
-                           "--engine", "ctranslate2", "--threads", str(settings["threads"])],
+                           "--engine", "ctranslate2", "--threads", str(settings["threads"]), *settings["search"]],
                           capture_output=True, cwd=REPO, env={**os.environ, "NMT_RUN_DIR": ""})
     if proc.returncode != 0:
         raise SystemExit(f"nmt translate --engine ctranslate2 failed: {proc.stderr.decode(errors='replace').strip()}")
@@ -174,7 +175,7 @@ def measure_engine(engine: str, run: Path, lines: list[str], source_file: Path, 
     first = ceiling(run, source_file, settings, engine)
     print(f"[{engine}] nmt translate: {first['sentences_per_s']} sentences/s ({first['sentences']} lines in "
           f"{first['seconds']} s)", file=sys.stderr)
-    flags = ["--threads", str(settings["threads"]), "--device", "cpu", "--engine", engine]
+    flags = ["--threads", str(settings["threads"]), "--device", "cpu", "--engine", engine, *settings["search"]]
     for key in ("max_len_a", "max_len_b"):
         if key in settings:
             flags += [f"--{key.replace('_', '-')}", str(settings[key])]
@@ -243,6 +244,8 @@ def main() -> None:
     parser.add_argument("--server-args", default="", help="more `nmt serve` flags, e.g. '--batch-window-ms 2'")
     parser.add_argument("--no-page", action="store_true", help="skip the Chromium screenshot")
     parser.add_argument("--engines", default="nmt,ctranslate2", help="engines to measure, comma-separated")
+    parser.add_argument("--search", default="--beam-style fairseq --lenpen-style avg",
+                        help="search flags for the command and the server (CTranslate2 has only the default's search)")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -263,7 +266,7 @@ def main() -> None:
             print("no trained run: building one with a random `small` model ...", file=sys.stderr)
             run = build_random_run(Path(tmp), args.data, "small", 8000)
             weights, length = "random", {"max_len_a": 1.0, "max_len_b": 0}
-        settings = {"threads": args.threads, **length}
+        settings = {"threads": args.threads, "search": args.search.split(), **length}
 
         load_before = os.getloadavg()[0]
         source_file = Path(tmp) / "lines.en"
@@ -281,6 +284,7 @@ def main() -> None:
 
     result = {"bench": "serve", "weights": weights, "run": str(args.run_dir or (RECIPE_RUN if weights == "trained" else "random small")),
               "source": str(source), "lines_per_request": args.lines_per_request, "threads": args.threads,
+              "search": args.search,
               "seconds_per_level": args.seconds, **({"length_limit": length} if length else {}),
               "engines": engines, "load_average_1min": {"start": load_before, "end": os.getloadavg()[0]}}
     write_result("serve", result)

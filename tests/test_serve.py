@@ -210,6 +210,7 @@ def test_the_ctranslate2_engine_serves_translations_and_info(run_dir, tmp_path):
         assert status == 200, answer
         assert [t["text"] for t in answer["translations"]] == model.translate(lines, beam=3)
         assert answer["settings"]["engine"] == "ctranslate2" and answer["settings"]["beam"] == 3
+        assert answer["settings"]["inter_threads"] == 1  # a server's call is one batch: every thread works on it
         info = srv.get("/info")
         assert info["settings"]["device"] == "cpu" and info["settings"]["dtype"] == "float32"
         torch_model = nmt.load(run_dir, device="cpu").translator.models[0]  # the checkpoint CTranslate2 runs
