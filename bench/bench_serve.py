@@ -66,14 +66,18 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+def length_flags(settings: dict) -> list[str]:
+    """--max-len-a/-b of a random model's run (its outputs limited to the source length)."""
+    return [flag for key in ("max_len_a", "max_len_b") if key in settings
+            for flag in (f"--{key.replace('_', '-')}", str(settings[key]))]
+
+
 def ceiling(run: Path, source: Path, settings: dict, engine: str) -> dict:
     """Sentences/s of the `nmt translate --engine ENGINE` command on `source`, in a fresh process
     (model loading included in its own timing; Python start-up not), and its sentences per CPU-second."""
     cmd = [sys.executable, "-m", "nmt_cli", "translate", "-r", str(run), "--input", str(source), "--device", "cpu",
            "--threads", str(settings["threads"]), "--engine", engine, *settings["search"]]
-    for key in ("max_len_a", "max_len_b"):
-        if key in settings:
-            cmd += [f"--{key.replace('_', '-')}", str(settings[key])]
+    cmd += length_flags(settings)
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, capture_output=True, cwd=REPO, env={**os.environ, "NMT_RUN_DIR": ""})
     cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -176,9 +180,7 @@ def measure_engine(engine: str, run: Path, lines: list[str], source_file: Path, 
     print(f"[{engine}] nmt translate: {first['sentences_per_s']} sentences/s ({first['sentences']} lines in "
           f"{first['seconds']} s)", file=sys.stderr)
     flags = ["--threads", str(settings["threads"]), "--device", "cpu", "--engine", engine, *settings["search"]]
-    for key in ("max_len_a", "max_len_b"):
-        if key in settings:
-            flags += [f"--{key.replace('_', '-')}", str(settings[key])]
+    flags += length_flags(settings)
     server = Server(run, *flags, *args.server_args.split(), log_dir=tmp)
     levels = []
     page = None

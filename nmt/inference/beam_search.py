@@ -84,11 +84,9 @@ class LengthPenalty:
 
 
 def max_output_lengths(src_tokens: Tensor, cfg: SearchConfig, max_positions: int) -> Tensor:
-    """Tokens each sentence may generate before eos: a * |X| + b, where |X| excludes eos,
-    capped so that bos + tokens fit the decoder's `max_positions`."""
-    src_len = src_tokens.ne(PAD_ID).sum(1) - 1  # (N,)
-    limit = torch.floor(cfg.max_len_a * src_len.to(torch.float64) + cfg.max_len_b).to(torch.long)
-    return limit.clamp(0, max_positions - 1)
+    """Tokens each sentence may generate before eos (`SearchConfig.max_output_length`), (N,)."""
+    src_len = (src_tokens.ne(PAD_ID).sum(1) - 1).tolist()  # |X| excludes eos; once per batch
+    return torch.tensor([cfg.max_output_length(n, max_positions) for n in src_len], device=src_tokens.device)
 
 
 @dataclass

@@ -5,6 +5,7 @@ flags, their defaults and their help all come from these fields.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -52,6 +53,12 @@ class SearchConfig:
         "max_len_a": Range(0.0, 1000.0), "max_len_b": COUNT,
     }
     """The range of every numeric setting (`nmt.settings`)."""
+
+    def max_output_length(self, source_length: int, max_positions: int) -> int:
+        """Tokens a sentence of `source_length` tokens (eos excluded) may generate before eos:
+        floor(a * |X| + b), capped so that bos + tokens fit `max_positions`. Every engine's
+        limit comes from here, so nmt's search and CTranslate2's stop at the same length."""
+        return min(max(math.floor(self.max_len_a * source_length + self.max_len_b), 0), max_positions - 1)
 
     def validate(self) -> None:
         check_ranges(self)

@@ -25,7 +25,6 @@ CTranslate2 ends a hypothesis with whatever token comes, nmt forces eos there.
 from __future__ import annotations
 
 import fcntl
-import math
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -168,10 +167,8 @@ class CTranslate2Decoder:
         return hyps
 
     def decoding_length(self, source_length: int, search: SearchConfig) -> int:
-        """CTranslate2's `max_decoding_length` for nmt's limit: a * |X| + b tokens before eos
-        (|X| without eos), capped by the positions, plus eos."""
-        tokens = math.floor(search.max_len_a * source_length + search.max_len_b)
-        return min(max(tokens, 0), self.max_positions - 1) + 1
+        """CTranslate2's `max_decoding_length` for nmt's limit: its tokens before eos, plus eos."""
+        return search.max_output_length(source_length, self.max_positions) + 1
 
     def _search(self, ids: list[list[int]], max_length: int, search: SearchConfig) -> list:
         """One `translate_batch`: CTranslate2 sorts the lines and cuts token-based batches."""

@@ -203,8 +203,7 @@ def _ctranslate2_decoder(run: RunDir, checkpoints: Sequence[str | Path], search:
     so a current export is used without loading the checkpoint.
     """
     from nmt.export.ctranslate2 import read_export_record
-    from nmt.inference.ctranslate2_engine import (CTranslate2Decoder, cached_model_dir, check_export_vocabulary,
-                                                  check_search_for_ctranslate2)
+    from nmt.inference.ctranslate2_engine import CTranslate2Decoder, cached_model_dir, check_search_for_ctranslate2
     from nmt.run.identity import check_identity
 
     check_search_for_ctranslate2(search)
@@ -214,14 +213,13 @@ def _ctranslate2_decoder(run: RunDir, checkpoints: Sequence[str | Path], search:
         raise NmtError("--engine ctranslate2 translates with one checkpoint; ensembles need --engine nmt")
     if cfg.ct2_model:
         model_dir = Path(cfg.ct2_model)
-        record = read_export_record(model_dir)
-        paths = [resolve_checkpoint(run, c) for c in checkpoints] or [Path(record["checkpoint"])]
+        paths = [resolve_checkpoint(run, c) for c in checkpoints] or [Path(read_export_record(model_dir)["checkpoint"])]
     else:
         paths = [resolve_checkpoint(run, c) for c in checkpoints] or [default_checkpoint(run)]
         model_dir = cached_model_dir(run, paths[0])[0]
-        record = read_export_record(model_dir)
-    check_export_vocabulary(model_dir, record, src_tok, tgt_tok)  # first: the export's own error names its folder
+    decoder = CTranslate2Decoder(model_dir, src_tok, tgt_tok, cfg)  # first: its vocabulary check names the export
+    record = decoder.record
     if "checkpoint_identity" in record:
         check_identity(record["checkpoint_identity"], run_identity(run), f"checkpoint {record['checkpoint']}",
                        warn=lambda message: print(f"nmt translate: warning: {message}", file=sys.stderr))
-    return CTranslate2Decoder(model_dir, src_tok, tgt_tok, cfg), paths
+    return decoder, paths
