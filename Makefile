@@ -8,7 +8,7 @@ TORCH_REQ ?= torch
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test bench bench-preprocess bench-train bench-train-gpu bench-translate bench-scale bench-serve recipe-multi30k recipe-wmt14-ende clean
+.PHONY: install test bench bench-preprocess bench-train bench-train-gpu bench-translate bench-scale bench-serve bench-constraints bench-alignment recipe-multi30k recipe-wmt14-ende clean
 
 install: $(STAMP)
 
@@ -54,6 +54,16 @@ bench-scale: install
 # lines; also saves a screenshot of its page to bench/results/serve_page.png.
 bench-serve: install
 	$(BIN)/python bench/bench_serve.py
+
+# Decoding features on a trained run, e.g. RUN=runs/multi30k-en-de: BLEU and speed with terminology
+# constraints sampled from the references, and --prefix-file against CTranslate2's target_prefix.
+RUN ?= runs/multi30k-en-de
+bench-constraints: install
+	$(BIN)/python bench/bench_constraints.py $(RUN)
+
+# Alignment error rate of --print-alignment per decoder layer, on 30 hand-aligned Multi30k pairs.
+bench-alignment: install
+	$(BIN)/python bench/alignment_aer.py $(RUN)
 
 # The main job: Multi30k task 1 end to end, ending with a BLEU score and RUN_DIR/summary.json.
 # Settings are the dicts at the top of recipes/multi30k.py; any of them, and MULTI30K_DIR,

@@ -23,16 +23,24 @@ HELP = (
     "output line, in order; an empty line gives an empty line; lines longer than the model's positions are "
     "truncated and counted in one warning at the end. Whenever the input pauses (a pipe, a FIFO, a program that "
     "writes a line and waits), the lines held so far are translated and their output flushed at once. "
-    "--subset test translates the source side of the run's recorded test split."
+    "--subset test translates the source side of the run's recorded test split.\n\n"
+    "Word alignments, a forced prefix and terminology constraints (docs/translation.md):\n\n"
+    "  nmt translate --print-alignment < in.en    # Ein Hund läuft. ||| 0-0 1-1 2-2 2-3\n\n"
+    "  nmt translate --prefix-file starts.de < in.en    # each output begins with its line of starts.de\n\n"
+    "  printf 'A dog runs.\\tHund\\n' | nmt translate --constraints    # the output contains \"Hund\""
 )
+
+
+CONTROL_PANEL = "Alignments, prefixes and constraints"
 
 
 def register(app: typer.Typer) -> None:
     from nmt.inference.sampling_config import SamplingConfig
-    from nmt.inference.config import SearchConfig, TranslateConfig
+    from nmt.inference.config import AlignmentConfig, SearchConfig, TranslateConfig
 
     search_fields = [p.name for p in dataclass_parameters(SearchConfig)]
     sampling_fields = [p.name for p in dataclass_parameters(SamplingConfig)]
+    alignment_fields = [p.name for p in dataclass_parameters(AlignmentConfig)]
     params = [
         inspect.Parameter("run_dir", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=RunDirOption),
         inspect.Parameter("input", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
@@ -48,10 +56,24 @@ def register(app: typer.Typer) -> None:
                                                "\"hyp\", \"score\" and the \"nbest\" list.")]),
         inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[
             bool, typer.Option("--quiet", "-q", help="No checkpoint name, progress bar or summary on stderr (warnings stay).")]),
+        inspect.Parameter("prefix_file", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+            Optional[Path], typer.Option(
+                "--prefix-file", show_default=False, rich_help_panel=CONTROL_PANEL,
+                help="Target prefixes, one per input line (an empty line: none): each translation starts with its "
+                     "prefix, in its tokenization, and the search continues from there (CTranslate2's target_prefix, "
+                     "OpenNMT-py's tgt_prefix). Scores then count the tokens after the prefix.")]),
+        inspect.Parameter("constraints", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[
+            bool, typer.Option(
+                "--constraints", rich_help_panel=CONTROL_PANEL,
+                help="Input lines are 'source<TAB>phrase<TAB>phrase...' (fairseq's convention): each target phrase "
+                     "appears in the translation, in any order, by lexically constrained beam search (dynamic beam "
+                     "allocation, Post and Vilar 2018, as fairseq's --constraints). A line without a tab has none and "
+                     "is searched as without this flag.")]),
     ]
     params += dataclass_parameters(SearchConfig, panel=lambda _: "Beam search (Section 6.1)")
     params += dataclass_parameters(SamplingConfig, panel=lambda _: "Sampling (back-translation)")
     params += dataclass_parameters(TranslateConfig, panel=lambda _: "Input, batching and device")
+    params += dataclass_parameters(AlignmentConfig, panel=lambda _: CONTROL_PANEL)
 
     def translate_command(**kwargs: Any) -> None:
         import json
@@ -61,6 +83,7 @@ def register(app: typer.Typer) -> None:
         from nmt.inference.input_buffer import input_buffers
         from nmt.data.textio import count_lines, text_stdout
         from nmt.inference.translator import load_translator
+        from nmt.inference.word_alignment import soft_text
 
         run_dir = resolve_run_dir(kwargs.pop("run_dir"))
         input_path, checkpoints = kwargs.pop("input"), kwargs.pop("checkpoint") or []
@@ -69,6 +92,9 @@ def register(app: typer.Typer) -> None:
         search = SearchConfig(**{k: kwargs.pop(k) for k in search_fields})
         sampling = SamplingConfig(**{k: kwargs.pop(k) for k in sampling_fields})
         sampling.validate()
+        alignment = AlignmentConfig(**{k: kwargs.pop(k) for k in alignment_fields})
+        alignment.validate()
+        prefix_file, with_constraints = kwargs.pop("prefix_file"), kwargs.pop("constraints")
         cfg = TranslateConfig(**kwargs)
         search.validate()
         cfg.validate()
@@ -92,9 +118,13 @@ def register(app: typer.Typer) -> None:
         # Buffers end when the input pauses, so a program that writes a line and waits gets its answer.
         chunks = input_buffers(input_path, lambda: sys.stdin.buffer, cfg.buffer_size, cfg.encoding_errors)
         first = next(chunks, [])  # bad input fails before the model loads
+        prefixes = _read_prefixes(prefix_file, input_path, cfg.encoding_errors) if prefix_file is not None else None
+        if prefixes is not None and len(first) > len(prefixes):
+            raise NmtError(f"--prefix-file {prefix_file} has {len(prefixes)} lines, but the input has more; "
+                           f"give one prefix line per input line (an empty line for none)")
 
         start = time.perf_counter()
-        translator = load_translator(run_dir, checkpoints, search, cfg, sampling)
+        translator = load_translator(run_dir, checkpoints, search, cfg, sampling, alignment)
         say(("checkpoint " if len(translator.checkpoints) == 1 else "ensemble of ")
             + ", ".join(map(str, translator.checkpoints)))
         if cfg.engine == "ctranslate2":
@@ -110,12 +140,26 @@ def register(app: typer.Typer) -> None:
         n_lines = 0
         try:
             for chunk in itertools.chain([first] if first else [], chunks):
-                for tr in translator.translate(chunk):
+                phrases = None
+                if with_constraints:
+                    fields = [line.split("\t") for line in chunk]
+                    chunk, phrases = [f[0] for f in fields], [f[1:] for f in fields]
+                line_prefixes = None
+                if prefixes is not None:
+                    line_prefixes = prefixes[n_lines : n_lines + len(chunk)]
+                    if len(line_prefixes) < len(chunk):
+                        raise NmtError(f"--prefix-file {prefix_file} has {len(prefixes)} lines, but the input has more; "
+                                       f"give one prefix line per input line (an empty line for none)")
+                for tr in translator.translate(chunk, line_prefixes, phrases, first_line=n_lines + 1):
                     if fmt == "jsonl":
-                        out.write(json.dumps({"hyp": tr.hyp, "score": tr.score,
-                                              "nbest": [{"hyp": h, "score": s} for h, s in tr.nbest]}, ensure_ascii=False))
+                        row = {"hyp": tr.hyp, "score": tr.score, "nbest": [{"hyp": h, "score": s} for h, s in tr.nbest]}
+                        if tr.alignment is not None:
+                            row["alignment"] = tr.alignment
+                        out.write(json.dumps(row, ensure_ascii=False))
                     else:
                         out.write(tr.hyp)
+                        if tr.alignment is not None:
+                            out.write(" ||| " + (tr.alignment if isinstance(tr.alignment, str) else soft_text(tr.alignment)))
                     out.write("\n")
                 out.flush()
                 n_lines += len(chunk)
@@ -129,6 +173,13 @@ def register(app: typer.Typer) -> None:
         if translator.truncated:
             print(f"nmt translate: warning: {translator.truncated} line(s) longer than the model's "
                   f"{translator.max_positions} positions were truncated", file=sys.stderr)
+        if prefixes is not None and len(prefixes) > n_lines:
+            raise NmtError(f"--prefix-file {prefix_file} has {len(prefixes)} lines, the input {n_lines}; "
+                           f"give one prefix line per input line (an empty line for none)")
+        if translator.unmet_constraints:
+            print(f"nmt translate: warning: {translator.unmet_constraints} line(s) reached the output length limit before "
+                  f"their translation held every constraint phrase; raise --max-len-b or shorten the phrases",
+                  file=sys.stderr)
         if translator.no_hypothesis:
             print(f"nmt translate: warning: {translator.no_hypothesis} line(s) got an empty translation because the "
                   f"search found no hypothesis of finite score (is the checkpoint damaged, or --amp overflowing?)",
@@ -139,3 +190,19 @@ def register(app: typer.Typer) -> None:
         fast_exit.request()  # the output is flushed and nothing else runs: skip torch's slow teardown
 
     app.command("translate", help=HELP)(with_parameters(translate_command, params))
+
+
+def _read_prefixes(prefix_file: Path, input_path: Optional[Path], errors: str) -> list[str]:
+    """The lines of --prefix-file; when the input is a file, checked against its line count first."""
+    from nmt.data.textio import count_lines, read_lines
+    from nmt.errors import NmtError
+
+    if not prefix_file.is_file():
+        raise NmtError(f"--prefix-file {prefix_file} is not a file; give one prefix line per input line")
+    prefixes = list(read_lines(prefix_file, errors))
+    if input_path is not None and input_path.is_file():
+        n = count_lines(input_path)
+        if n != len(prefixes):
+            raise NmtError(f"--prefix-file {prefix_file} has {len(prefixes)} lines, the input {input_path} {n}; "
+                           f"give one prefix line per input line (an empty line for none)")
+    return prefixes

@@ -3,8 +3,10 @@
 It is `nmt translate` without the command line: the same run directory, the same checkpoint
 choice (checkpoint_avg.pt, else _best, else _last, or the ones given), the same settings
 with the same names as the flags, and the same guarantees (one output per input, in order;
-an empty line gives an empty translation). Every SearchConfig and TranslateConfig field is
-accepted as a keyword, so a flag added to `nmt translate` is a keyword here too.
+an empty line gives an empty translation). Every SearchConfig, TranslateConfig and
+AlignmentConfig field is accepted as a keyword, so a flag added to `nmt translate` is a
+keyword here too. Each call may also give target prefixes (`prefix=`), constraint phrases
+(`constraints=`) and ask for word alignments (`alignment="hard"` or `"soft"`).
 """
 
 from __future__ import annotations
@@ -14,16 +16,17 @@ import numbers
 import os
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any, Sequence, Union, overload
+from typing import Any, Optional, Sequence, Union, overload
 
 from nmt.errors import NmtError
 from nmt.run.directory import RunDir
-from nmt.inference.translator import Translation, Translator, buffers, load_translator
-from nmt.inference.config import SearchConfig, TranslateConfig
+from nmt.inference.translator import Translation, Translator, load_translator
+from nmt.inference.config import ALIGNMENT_FORMATS, AlignmentConfig, SearchConfig, TranslateConfig
 
 SEARCH_FIELDS = frozenset(f.name for f in fields(SearchConfig))
 TRANSLATE_FIELDS = frozenset(f.name for f in fields(TranslateConfig))
-FIELD_TYPES = {f.name: f.type for f in fields(SearchConfig) + fields(TranslateConfig)}
+ALIGNMENT_FIELDS = frozenset(f.name for f in fields(AlignmentConfig))
+FIELD_TYPES = {f.name: f.type for f in fields(SearchConfig) + fields(TranslateConfig) + fields(AlignmentConfig)}
 """Each setting's type as the dataclasses write it ("int", "float", "str")."""
 
 
@@ -46,54 +49,86 @@ class Model:
         return self.translator.search
 
     @overload
-    def translate(self, text: str, **search: Any) -> str: ...
+    def translate(self, text: str, prefix: Optional[str] = None, constraints: Optional[Sequence[str]] = None,
+                  **search: Any) -> str: ...
     @overload
-    def translate(self, text: Sequence[str], **search: Any) -> list[str]: ...
+    def translate(self, text: Sequence[str], prefix: Optional[Sequence[str]] = None,
+                  constraints: Optional[Sequence[Sequence[str]]] = None, **search: Any) -> list[str]: ...
 
-    def translate(self, text: Union[str, Sequence[str]], **search: Any) -> Union[str, list[str]]:
+    def translate(self, text: Union[str, Sequence[str]], prefix: Any = None, constraints: Any = None,
+                  **search: Any) -> Union[str, list[str]]:
         """The best translation of a sentence (a str), or of each sentence of a list, in order.
 
-        Keywords override the beam search settings for this call: beam, lenpen, max_len_b, ...
+        `prefix`: the text the translation starts with (a str; for a list, one per sentence,
+        "" for none). `constraints`: phrases the translation must contain (a list of str; for a
+        list of sentences, one such list per sentence). Keywords override the beam search
+        settings for this call: beam, lenpen, max_len_b, ...
         """
-        found = self.translate_nbest(text, **search)
+        found = self.translate_nbest(text, prefix, constraints, **search)
         return found.hyp if isinstance(found, Translation) else [t.hyp for t in found]
 
     @overload
-    def translate_nbest(self, text: str, **search: Any) -> Translation: ...
+    def translate_nbest(self, text: str, prefix: Optional[str] = None, constraints: Optional[Sequence[str]] = None,
+                        alignment: Optional[str] = None, **search: Any) -> Translation: ...
     @overload
-    def translate_nbest(self, text: Sequence[str], **search: Any) -> list[Translation]: ...
+    def translate_nbest(self, text: Sequence[str], prefix: Optional[Sequence[str]] = None,
+                        constraints: Optional[Sequence[Sequence[str]]] = None, alignment: Optional[str] = None,
+                        **search: Any) -> list[Translation]: ...
 
-    def translate_nbest(self, text: Union[str, Sequence[str]], **search: Any) -> Union[Translation, list[Translation]]:
+    def translate_nbest(self, text: Union[str, Sequence[str]], prefix: Any = None, constraints: Any = None,
+                        alignment: Optional[str] = None, **search: Any) -> Union[Translation, list[Translation]]:
         """Like `translate`, but each answer is a Translation: `hyp`, its `score` (length-penalized
-        log-probability; None for an empty sentence) and the `nbest` (hypothesis, score) pairs,
-        best first (`nbest=N` keeps N of the `beam`)."""
+        log-probability; None for an empty sentence), the `nbest` (hypothesis, score) pairs,
+        best first (`nbest=N` keeps N of the `beam`), and with `alignment="hard"` (Pharaoh
+        "i-j" word pairs) or `"soft"` (output words x input words weights) its `alignment`."""
         if isinstance(text, str):
-            return self.translate_lines([text], **search)[0]
-        return self.translate_lines(_checked_lines(text), **search)
+            if prefix is not None and not isinstance(prefix, str):
+                raise TypeError(f"prefix of one sentence is a str, not {type(prefix).__name__}")
+            phrases = None if constraints is None else [_checked_lines(constraints, "constraints")]
+            return self.translate_lines([text], None if prefix is None else [prefix], phrases, alignment, **search)[0]
+        lines = _checked_lines(text)
+        prefixes = None if prefix is None else _checked_lines(prefix, "prefix")
+        phrases = None if constraints is None else [_checked_lines(c, f"constraints[{i}]") for i, c in enumerate(constraints)]
+        return self.translate_lines(lines, prefixes, phrases, alignment, **search)
 
-    def translate_lines(self, lines: Sequence[str], **search: Any) -> list[Translation]:
+    def translate_lines(self, lines: Sequence[str], prefixes: Optional[Sequence[str]] = None,
+                        constraints: Optional[Sequence[Sequence[str]]] = None, alignment: Optional[str] = None,
+                        **search: Any) -> list[Translation]:
         """One Translation per line, in order, read in buffers of `buffer_size` lines as
         `nmt translate` reads its input (so a long list is not all sorted in memory at once)."""
-        translator = self.with_search(**search)
+        for name, given in (("prefix", prefixes), ("constraints", constraints)):
+            if given is not None and len(given) != len(lines):
+                raise NmtError(f"{len(given)} {name} for {len(lines)} sentences; give one per sentence")
+        translator = self.with_search(alignment=alignment, **search)
         out: list[Translation] = []
-        for chunk in buffers(lines, translator.cfg.buffer_size):
-            out.extend(translator.translate(chunk))
+        size = translator.cfg.buffer_size
+        for start in range(0, len(lines), size):
+            part = slice(start, start + size)
+            out.extend(translator.translate(lines[part], prefixes[part] if prefixes is not None else None,
+                                            constraints[part] if constraints is not None else None, first_line=start + 1))
         return out
 
-    def with_search(self, **search: Any) -> Translator:
-        """The translator with some beam search settings changed (models and tokenizers shared)."""
+    def with_search(self, alignment: Optional[str] = None, **search: Any) -> Translator:
+        """The translator with some beam search settings changed, and word alignments in the
+        `alignment` format ("hard", "soft"; None: as loaded), models and tokenizers shared."""
         unknown = set(search) - SEARCH_FIELDS
         if unknown:
             raise TypeError(f"unknown beam search setting(s) {', '.join(sorted(unknown))}; "
                             f"use any of {', '.join(sorted(SEARCH_FIELDS))}")
-        if not search:
+        if alignment is not None and alignment not in ALIGNMENT_FORMATS:
+            raise NmtError(f"alignment must be one of {', '.join(ALIGNMENT_FORMATS)} (or None), not {alignment!r}")
+        if not search and alignment is None:
             return self.translator
         wanted = replace(self.translator.search, **_checked_types(search))
-        key = tuple(sorted(vars(wanted).items()))
+        key = (tuple(sorted(vars(wanted).items())), alignment)
         if key not in self._by_search:
             wanted.validate()
             translator = copy.copy(self.translator)
             translator.search = wanted
+            if alignment is not None:
+                base = self.translator.alignment or AlignmentConfig()
+                translator.alignment = replace(base, print_alignment=True, alignment_format=alignment)
+                translator.alignment_layer = translator.alignment.layer_of(translator.decoder.decoder_layers)
             self._by_search[key] = translator
         return self._by_search[key]
 
@@ -101,15 +136,16 @@ class Model:
         return f"nmt.Model({str(self.run_dir)!r}, {self.source_lang}->{self.target_lang}, checkpoints={[str(c) for c in self.checkpoints]})"
 
 
-def _checked_lines(text: Any) -> list[str]:
+def _checked_lines(text: Any, name: str = "text") -> list[str]:
     """`text` as a list of str, or a TypeError saying what was given instead."""
+    takes = "translate takes" if name == "text" else f"{name} takes"
     if isinstance(text, (bytes, bytearray)):
-        raise TypeError("translate takes a str or a list of str, not bytes; decode it first (e.g. text.decode('utf-8'))")
+        raise TypeError(f"{takes} a str or a list of str, not bytes; decode it first (e.g. text.decode('utf-8'))")
     if not isinstance(text, (list, tuple)):
-        raise TypeError(f"translate takes a str or a list of str, not {type(text).__name__}")
+        raise TypeError(f"{takes} a str or a list of str, not {type(text).__name__}")
     for i, line in enumerate(text):
         if not isinstance(line, str):
-            raise TypeError(f"translate takes a str or a list of str, but item {i} is a {type(line).__name__}")
+            raise TypeError(f"{takes} a str or a list of str, but item {i} is a {type(line).__name__}")
     return list(text)
 
 
@@ -134,11 +170,13 @@ def _checked_types(settings: dict[str, Any]) -> dict[str, Any]:
 def load(run_dir: Union[str, Path], checkpoint: Union[None, str, Path, Sequence[Union[str, Path]]] = None,
          **settings: Any) -> Model:
     """See `nmt.load`."""
-    unknown = set(settings) - SEARCH_FIELDS - TRANSLATE_FIELDS
+    unknown = set(settings) - SEARCH_FIELDS - TRANSLATE_FIELDS - ALIGNMENT_FIELDS
     if unknown:
         raise TypeError(f"unknown setting(s) {', '.join(sorted(unknown))}; "
-                        f"use any of {', '.join(sorted(SEARCH_FIELDS | TRANSLATE_FIELDS))}")
+                        f"use any of {', '.join(sorted(SEARCH_FIELDS | TRANSLATE_FIELDS | ALIGNMENT_FIELDS))}")
     settings = _checked_types(settings)
+    alignment = AlignmentConfig(**{k: v for k, v in settings.items() if k in ALIGNMENT_FIELDS})
+    alignment.validate()
     search = SearchConfig(**{k: v for k, v in settings.items() if k in SEARCH_FIELDS})
     cfg = TranslateConfig(**{k: v for k, v in settings.items() if k in TRANSLATE_FIELDS})
     if checkpoint is None:
@@ -148,6 +186,6 @@ def load(run_dir: Union[str, Path], checkpoint: Union[None, str, Path, Sequence[
     else:
         checkpoints = list(checkpoint)
     run_dir = Path(run_dir)
-    translator = load_translator(run_dir, checkpoints, search, cfg)
+    translator = load_translator(run_dir, checkpoints, search, cfg, alignment=alignment)
     record = RunDir(run_dir).read_record("preprocess")
     return Model(translator, record["source_lang"], record["target_lang"], run_dir)

@@ -12,6 +12,7 @@ import pytest
 
 import nmt
 from conftest import run_nmt
+from nmt.errors import NmtError
 from test_translate import _lines, _save_model, run_dir  # noqa: F401  (fixture)
 
 
@@ -113,3 +114,25 @@ def test_import_nmt_does_not_import_torch():
     code = "import sys, nmt; assert callable(nmt.load); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_prefixes_constraints_and_alignments_per_call(model):
+    lines = _lines(4, 7)
+    found = model.translate_nbest(lines, prefix=["ein Mann", "", "zwei", ""], constraints=[[], ["Hunde"], [], ["Kinder", "Schnee"]],
+                                  alignment="hard")
+    assert found[0].hyp.startswith("ein Mann") and found[2].hyp.startswith("zwei")
+    assert "Hunde" in found[1].hyp and "Kinder" in found[3].hyp and "Schnee" in found[3].hyp
+    for line, tr in zip(lines, found):
+        pairs = [tuple(map(int, p.split("-"))) for p in tr.alignment.split()]
+        assert [j for _, j in pairs] == list(range(len(tr.hyp.split())))
+        assert all(0 <= i < len(line.split()) for i, _ in pairs)
+    assert model.translate(lines[0], prefix="ein Mann").startswith("ein Mann")
+    assert "Hunde" in model.translate(lines[1], constraints=["Hunde"])
+    soft = model.translate_nbest(lines[0], alignment="soft")
+    assert len(soft.alignment) == len(soft.hyp.split()) and model.translate_nbest(lines[0]).alignment is None
+    with pytest.raises(NmtError, match="3 prefix for 4 sentences"):
+        model.translate(lines, prefix=["a", "b", "c"])
+    with pytest.raises(NmtError, match="alignment must be one of hard, soft"):
+        model.translate_nbest(lines, alignment="pharaoh")
+    with pytest.raises(TypeError, match="prefix of one sentence is a str"):
+        model.translate(lines[0], prefix=["a"])

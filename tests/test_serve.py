@@ -71,6 +71,26 @@ def test_beam_lenpen_and_nbest_per_request(server, model):
     assert answer["settings"]["beam"] == 3 and answer["settings"]["lenpen"] == 1.0
 
 
+def test_prefix_constraints_and_alignment_per_request(server, model):
+    lines = _lines(3, 14)
+    body = {"text": lines, "prefix": ["ein", "", ""], "constraints": [[], ["Hunde"], []], "alignment": "hard"}
+    status, answer = server.post(body)
+    assert status == 200, answer
+    want = model.translate_nbest(lines, prefix=body["prefix"], constraints=body["constraints"], alignment="hard")
+    assert [(t["text"], t["alignment"]) for t in answer["translations"]] == [(w.hyp, w.alignment) for w in want]
+    assert answer["translations"][0]["text"].startswith("ein") and "Hunde" in answer["translations"][1]["text"]
+    status, answer = server.post({"text": lines[0], "prefix": "zwei", "constraints": ["Kinder"], "alignment": "soft"})
+    assert status == 200, answer
+    found = answer["translations"][0]
+    assert found["text"].startswith("zwei") and "Kinder" in found["text"] and len(found["alignment"]) == len(found["text"].split())
+    for bad, needle in (({"text": lines, "prefix": "ein"}, '"prefix" must be a list of 3 strings'),
+                        ({"text": "a", "constraints": "Hunde"}, '"constraints" must be a list of strings'),
+                        ({"text": "a", "alignment": True}, '"alignment" must be "hard" or "soft"'),
+                        ({"text": "ein Mann", "prefix": "ein " * 30}, "text 1: its prefix takes")):
+        status, answer = server.post(bad)
+        assert status == 400 and needle in answer["error"], answer
+
+
 def test_twenty_concurrent_clients_get_their_own_answers_in_fewer_model_calls(server, model):
     requests = [_lines(1 + i % 3, 100 + i) for i in range(20)]
     want = [model.translate(lines) for lines in requests]
@@ -234,5 +254,5 @@ def test_parse_body_refuses_100k_deep_json_with_a_400():
 
 def test_parse_body_limits_count_characters_not_bytes():
     cfg = ServeConfig(max_chars=4, max_lines=2)
-    assert parse_body('{"text": ["äöü", "ß"]}'.encode(), cfg) == (["äöü", "ß"], False, {})
-    assert parse_body(b'{"text": "\\u00e4", "beam": 2}', cfg) == (["ä"], True, {"beam": 2})
+    assert parse_body('{"text": ["äöü", "ß"]}'.encode(), cfg) == ([("äöü", "", []), ("ß", "", [])], False, {})
+    assert parse_body(b'{"text": "\\u00e4", "beam": 2}', cfg) == ([("ä", "", [])], True, {"beam": 2})

@@ -96,12 +96,22 @@ def vocabulary_tokens(tokenizer: Any) -> list[str]:
     return [tokenizer.tok.id_to_token(i) for i in range(tokenizer.vocab_size)]
 
 
+def alignment_layer(decoder_layers: int) -> int:
+    """The decoder layer (from 0) whose heads' mean attention an export returns to `return_attention`:
+    the default of `nmt translate --alignment-layer`."""
+    from nmt.inference.config import AlignmentConfig
+
+    return AlignmentConfig().layer_of(decoder_layers)
+
+
 def _fill_spec(model: Any, src_tokens: list[str], tgt_tokens: list[str]) -> Any:
     """A CTranslate2 TransformerSpec holding `model`'s weights (float32 numpy arrays)."""
     from ctranslate2.specs import transformer_spec
 
     cfg = model.cfg
-    spec = transformer_spec.TransformerSpec.from_config((cfg.encoder_layers, cfg.decoder_layers), cfg.n_heads, pre_norm=cfg.pre_ln)
+    # return_attention gives nmt's alignment attention: the default layer, every head averaged
+    spec = transformer_spec.TransformerSpec.from_config((cfg.encoder_layers, cfg.decoder_layers), cfg.n_heads, pre_norm=cfg.pre_ln,
+                                                        alignment_layer=alignment_layer(cfg.decoder_layers), alignment_heads=cfg.n_heads)
 
     def array(t: Any) -> Any:
         return t.detach().float().cpu().numpy()
@@ -218,6 +228,7 @@ def export_ctranslate2(run_dir: str | Path, output: str | Path, checkpoint: Opti
             "max_positions": model.cfg.max_positions, "identity": identity,
             # what `nmt translate/serve --engine ctranslate2` would otherwise load the checkpoint with torch for
             "checkpoint_identity": ckpt_identity, "model": model.cfg.to_dict(), "parameters": count_parameters(model),
+            "alignment_layer": alignment_layer(model.cfg.decoder_layers),
         }, indent=2) + "\n", encoding="utf-8")
         if os.path.lexists(output):  # checked above: an earlier export; it goes with the staging folder
             os.rename(output, staging / "replaced")

@@ -31,6 +31,14 @@ One step, for every sentence at once:
 Finished sentences leave the batch (their rows are dropped from the decoder state), so the
 late steps of a batch cost only what is still being searched.
 
+A forced target prefix (`prefixes`, CTranslate2's `target_prefix`) takes the first steps of
+its sentence: one hypothesis, extended by the prefix's next token at each step, with its
+log-probability held at 0, so a score counts the tokens after the prefix while |Y| counts
+the whole output, as CTranslate2 scores it. At the first free step only the best candidate
+may end the sentence (CTranslate2's rule, its issue #277: an eos among the other candidates
+right after a prefix gave short translations that the length penalty then preferred); an eos
+candidate below it is dropped and takes its slot with it, as in CTranslate2.
+
 |Y| counts the end-of-sentence token in both length-penalty styles (tensor2tensor and
 fairseq both do). pad and bos are never generated.
 """
@@ -39,7 +47,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -99,6 +107,8 @@ class RowCandidates:
     """(rows, per_row) their token ids."""
     eos: Tensor
     """(rows,) log-probability of eos, which a sentence at its length limit must take."""
+    asked: Optional[Tensor] = None
+    """(rows, E) log-probabilities of the tokens asked for by id (constrained search)."""
 
 
 LOGIT_BLOCK_ELEMENTS = 1 << 21
@@ -107,12 +117,13 @@ the CPU search's largest temporary (35 MiB for 1,168 rows of an 8,000-piece voca
 GPU the whole batch is projected at once: memory is plentiful there, kernel launches are not."""
 
 
-def _row_candidates(models: Sequence[Transformer], states: Sequence[DecoderState], tokens: Tensor,
-                    per_row: int) -> RowCandidates:
+def row_candidates(models: Sequence[Transformer], states: Sequence[DecoderState], tokens: Tensor,
+                   per_row: int, asked: Optional[Tensor] = None) -> RowCandidates:
     """Advance every model one step and rank each row's next tokens (pad and bos are never
     generated). The vocabulary projection runs a block of rows at a time, so the logits of
     the whole batch never exist at once; log P = log_softmax(logits), and an ensemble
-    averages its members' log-probabilities."""
+    averages its members' log-probabilities. `asked` (rows, E) token ids also get their
+    log-probabilities (pad asks for nothing: -inf)."""
     hidden = [m.decode_step_hidden(tokens, s) for m, s in zip(models, states)]
     n_rows = tokens.numel()
     vocab = models[0].cfg.tgt_vocab_size
@@ -120,6 +131,7 @@ def _row_candidates(models: Sequence[Transformer], states: Sequence[DecoderState
     log_probs = torch.empty(n_rows, per_row, device=tokens.device)
     best = torch.empty(n_rows, per_row, dtype=torch.long, device=tokens.device)
     eos = torch.empty(n_rows, device=tokens.device)
+    asked_log_probs = None if asked is None else torch.empty(asked.shape, device=tokens.device)
     for start in range(0, n_rows, block):
         rows = slice(start, start + block)
         scores = None
@@ -132,7 +144,9 @@ def _row_candidates(models: Sequence[Transformer], states: Sequence[DecoderState
         scores[:, BOS_ID] = float("-inf")
         log_probs[rows], best[rows] = _row_topk(scores, per_row)
         eos[rows] = scores[:, EOS_ID]
-    return RowCandidates(log_probs, best, eos)
+        if asked is not None:
+            asked_log_probs[rows] = scores.gather(1, asked[rows])
+    return RowCandidates(log_probs, best, eos, asked_log_probs)
 
 
 def _row_topk(scores: Tensor, w: int, block: int = 64) -> tuple[Tensor, Tensor]:
@@ -148,16 +162,28 @@ def _row_topk(scores: Tensor, w: int, block: int = 64) -> tuple[Tensor, Tensor]:
     return values, best_blocks.gather(1, pos // block) * block + pos % block
 
 
+def _prefix_tensors(prefixes: Optional[Sequence[Sequence[int]]], n_sent: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """(N, P) prefix tokens (right-padded) and (N,) their lengths; P is 0 without prefixes."""
+    lengths = [len(p) for p in prefixes] if prefixes is not None else [0] * n_sent
+    prefix = torch.full((n_sent, max(lengths, default=0)), PAD_ID, dtype=torch.long)
+    for i, p in enumerate(prefixes or []):
+        prefix[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+    return prefix.to(device), torch.tensor(lengths, dtype=torch.long, device=device)
+
+
 @torch.inference_mode()
 def beam_search(
     models: Union[Transformer, Sequence[Transformer]],
     src_tokens: Tensor,
     cfg: SearchConfig,
     stop_early: bool = True,
+    prefixes: Optional[Sequence[Sequence[int]]] = None,
 ) -> list[list[Hypothesis]]:
     """Translate a batch: src_tokens (N, S) right-padded with pad, eos-terminated.
 
-    Returns, per sentence, its `cfg.nbest` best finished hypotheses, best first.
+    Returns, per sentence, its `cfg.nbest` best finished hypotheses, best first. `prefixes`
+    gives each sentence the target tokens its translations start with (empty: none); each must
+    fit the sentence's length limit (the Translator checks that first, naming the line).
     `stop_early=False` searches every sentence until its style's own rule stops it (t2t: to
     its length limit); results are the same (that is what makes the early termination
     exact), only slower.
@@ -181,6 +207,10 @@ def beam_search(
     # Per active sentence.
     sent_id = torch.arange(n_sent, device=device)  # index into the batch
     max_len = max_output_lengths(src_tokens, cfg, min(m.cfg.max_positions for m in models))
+    forcing = prefixes is not None and any(prefixes)  # without, a step runs no prefix bookkeeping at all
+    prefix, prefix_len = _prefix_tensors(prefixes if forcing else None, n_sent, device)
+    if forcing and bool((prefix_len > max_len).any()):
+        raise NmtError("a target prefix is longer than its sentence's output length limit (--max-len-a, --max-len-b)")
     width = torch.full((n_sent,), k, dtype=torch.long, device=device)  # shrink: beam slots still open
     n_finished = torch.zeros(n_sent, dtype=torch.long, device=device)
     nth_best = torch.full((n_sent, nbest), neg_inf, device=device)  # best finished scores, sorted
@@ -200,8 +230,14 @@ def beam_search(
     while True:
         n_active = sent_id.numel()
         # The sentence's best n_cand extensions, from its rows' best per_row.
-        cands = _row_candidates(models, states, tokens, per_row)
+        cands = row_candidates(models, states, tokens, per_row)
         row_vals, row_tok = cands.log_probs, cands.tokens  # (rows, per_row)
+        forced = prefix_len > step if forcing else None  # (N,) the prefix gives the next token
+        if forced is not None and bool(forced.any()):
+            row_vals[forced.repeat_interleave(width_rows)] = neg_inf
+            forced_rows = first_row[forced, 0]
+            row_vals[forced_rows, 0] = 0.0  # a prefix's log-probability is not counted (see above)
+            row_tok[forced_rows, 0] = prefix[forced, step]
         at_limit = max_len == step  # (N,) only eos may follow
         if bool(at_limit.any()):
             rows = at_limit.repeat_interleave(width_rows)
@@ -214,6 +250,11 @@ def beam_search(
         cand_tok = row_tok.view(n_active, width_rows * per_row).gather(1, cand_pos)
         valid = cand_logp > neg_inf
         is_eos = cand_tok == EOS_ID
+        after_prefix = (prefix_len == step) & (prefix_len > 0) if forcing else None
+        if after_prefix is not None and bool(after_prefix.any()):  # only the best may end: a lower eos becomes a dead slot
+            dropped = after_prefix[:, None] & is_eos & (rank > 0)
+            cand_logp = cand_logp.masked_fill(dropped, neg_inf)
+            is_eos = is_eos & ~dropped
         grows = valid & ~is_eos
         ends = valid & is_eos
         if style == "fairseq":
@@ -259,6 +300,8 @@ def beam_search(
             sentences = still.nonzero().squeeze(1)
             parent, new_tokens, new_logp = parent[sentences], new_tokens[sentences], new_logp[sentences]
             sent_id, max_len, width = sent_id[sentences], max_len[sentences], width[sentences]
+            if forcing:
+                prefix, prefix_len = prefix[sentences], prefix_len[sentences]
             n_finished, nth_best = n_finished[sentences], nth_best[sentences]
         rows = parent.view(-1)
         tokens, logp = new_tokens.view(-1), new_logp

@@ -16,6 +16,7 @@ LENPEN_STYLES = ("gnmt", "avg")
 BEAM_STYLES = ("t2t", "fairseq", "shrink")
 AMP_CHOICES = ("auto", "none", "bf16", "fp16")
 ENGINES = ("nmt", "ctranslate2")
+ALIGNMENT_FORMATS = ("hard", "soft")
 MAX_BEAM = 128
 """The widest beam: 32x the paper's 4, far past where BLEU stops improving (wider beams lose
 it, Koehn and Knowles 2017), while each sentence holds --beam rows of decoder state."""
@@ -112,6 +113,40 @@ class TranslateConfig:
             raise NmtError(f"--amp must be one of {', '.join(AMP_CHOICES)}, not {self.amp!r}")
         if self.engine not in ENGINES:
             raise NmtError(f"--engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
+
+
+@dataclass
+class AlignmentConfig:
+    """Word alignments of each translation (`nmt.inference.word_alignment`). The CLI flags come from here."""
+
+    print_alignment: bool = setting(
+        False,
+        "Also give each line's word alignment: source word i - output word j pairs (Pharaoh format, from 0, as "
+        "fast_align and fairseq print them), after \" ||| \" in text output (Marian's way) or as \"alignment\" in "
+        "jsonl. From the encoder-decoder attention of the best hypothesis in --alignment-layer, its heads averaged "
+        "(fairseq's way), with subwords merged into the words of the input line and of the output line.",
+    )
+    alignment_format: str = setting("hard", "hard: each output word with the source word it attends to most; "
+                                            "soft: every output word's attention over the source words (rows sum to 1).")
+    alignment_layer: int = setting(-1, "Decoder layer whose attention aligns (from 0; negative: from the end). -1: the "
+                                       "last, fairseq's default. On the gold set of bench/alignment_aer.py it is the best "
+                                       "layer of a trained `small`; a `mini` aligns 2.6 points better with -2 "
+                                       "(docs/translation.md).")
+
+    RANGES: ClassVar[dict[str, Range]] = {"alignment_layer": Range(-64, 63)}
+    """The range of every numeric setting (`nmt.settings`); the model's depth is checked where it is known."""
+
+    def validate(self) -> None:
+        check_ranges(self)
+        if self.alignment_format not in ALIGNMENT_FORMATS:
+            raise NmtError(f"--alignment-format must be one of {', '.join(ALIGNMENT_FORMATS)}, not {self.alignment_format!r}")
+
+    def layer_of(self, decoder_layers: int) -> int:
+        """The alignment layer's index from 0 in a decoder of `decoder_layers`, or an NmtError."""
+        if not -decoder_layers <= self.alignment_layer < decoder_layers:
+            raise NmtError(f"--alignment-layer {self.alignment_layer} is not a layer of this model's {decoder_layers}-layer "
+                           f"decoder; give one from {-decoder_layers} to {decoder_layers - 1}")
+        return self.alignment_layer % decoder_layers
 
 
 def resolve_inter_threads(inter_threads: int, threads: int, device_type: str, sampling: bool = False) -> int:

@@ -28,9 +28,9 @@ import fcntl
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional, Sequence
 
-from nmt.inference.hypothesis import Hypothesis
+from nmt.inference.hypothesis import Hypothesis, TargetRequest
 from nmt.errors import NmtError
 from nmt.export.ctranslate2 import export_ctranslate2, import_ctranslate2, read_export_record, vocabulary_tokens
 from nmt.run.identity import identity_difference, run_identity, tokenizer_sha256
@@ -74,7 +74,8 @@ def _is_current_export(model_dir: Path, checkpoint: Path, identity: dict) -> boo
         newer = (model_dir / "model.bin").stat().st_mtime >= checkpoint.stat().st_mtime
     except (NmtError, OSError):
         return False
-    return newer and "checkpoint_identity" in record and Path(record["checkpoint"]).resolve() == checkpoint.resolve() \
+    return newer and "checkpoint_identity" in record and "alignment_layer" in record \
+        and Path(record["checkpoint"]).resolve() == checkpoint.resolve() \
         and identity_difference(record["identity"], identity) is None
 
 
@@ -114,6 +115,9 @@ def check_export_vocabulary(model_dir: Path, record: dict, src_tokenizer: Tokeni
 class CTranslate2Decoder:
     """The decoding strategy whose search runs in CTranslate2, on an exported model."""
 
+    constrains = False
+    """Whether it searches with constraints."""
+
     def __init__(self, model_dir: Path, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer, cfg: TranslateConfig):
         cfg.validate()
         ctranslate2 = import_ctranslate2()
@@ -124,6 +128,9 @@ class CTranslate2Decoder:
         """The export's nmt_export.json (`nmt.export.ctranslate2`): model configuration and size included."""
         self.model_dir = Path(model_dir)
         self.max_positions = int(record["max_positions"])
+        self.decoder_layers = int(record["model"]["decoder_layers"]) if "model" in record else 0
+        self.alignment_layer = record.get("alignment_layer")
+        """The decoder layer whose attention `return_attention` gives (None: an export older than alignments)."""
         device = cfg.device.split(":")[0]
         if device == "auto":
             device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
@@ -139,52 +146,85 @@ class CTranslate2Decoder:
         except (RuntimeError, ValueError) as e:
             raise NmtError(f"CTranslate2 cannot load {model_dir} ({str(e).splitlines()[0]})") from None
         self.src_pieces = vocabulary_tokens(src_tokenizer)
-        tgt_pieces = vocabulary_tokens(tgt_tokenizer)
+        tgt_pieces = self.tgt_pieces = vocabulary_tokens(tgt_tokenizer)
         self.tgt_ids = {piece: i for i, piece in enumerate(tgt_pieces)}
         self.suppress = [[tgt_pieces[PAD_ID]], [tgt_pieces[BOS_ID]]]
         self.eos_piece = tgt_pieces[EOS_ID]
 
-    def decode(self, ids: list[list[int]], search: SearchConfig) -> list[list[Hypothesis]]:
+    def decode(self, ids: list[list[int]], search: SearchConfig, requests: Optional[Sequence[TargetRequest]] = None,
+               alignment_layer: Optional[int] = None) -> list[list[Hypothesis]]:
         """Each line's hypotheses from CTranslate2's beam search (nmt's `Decoder` contract):
         one call for all lines, then again for the few that reached their own limit (see above)."""
         check_search_for_ctranslate2(search)
+        if requests is not None and any(r.constraints for r in requests):
+            raise NmtError("--engine ctranslate2 has no constrained search; translate with --constraints on --engine nmt")
+        attention = alignment_layer is not None
+        if attention:
+            self.check_alignment_layer(alignment_layer)
         hyps: list[list[Hypothesis]] = [[] for _ in ids]
         lines = [i for i, seq in enumerate(ids) if seq]
         if not lines:
             return hyps
+        prefixes = [list(requests[i].prefix) for i in lines] if requests is not None else None
         limits = {i: self.decoding_length(len(ids[i]), search) for i in lines}
         longest = max(limits.values())
         again: dict[int, list[int]] = {}
-        for i, result in zip(lines, self._search([ids[i] for i in lines], longest, search)):
+        for n, (i, result) in enumerate(zip(lines, self._search([ids[i] for i in lines], longest, search, prefixes, attention))):
             steps = max(len(pieces) for pieces in result.hypotheses)
             if steps < limits[i] or limits[i] == longest:
-                hyps[i] = self._hypotheses(result, search)
+                hyps[i] = self._hypotheses(result, search, attention)
             else:
-                again.setdefault(limits[i], []).append(i)
+                again.setdefault(limits[i], []).append(n)
         for limit, group in again.items():
-            for i, result in zip(group, self._search([ids[i] for i in group], limit, search)):
-                hyps[i] = self._hypotheses(result, search)
+            group_prefixes = [prefixes[n] for n in group] if prefixes is not None else None
+            for n, result in zip(group, self._search([ids[lines[n]] for n in group], limit, search, group_prefixes, attention)):
+                hyps[lines[n]] = self._hypotheses(result, search, attention)
+        if attention:
+            for i, row in zip(lines, self._first_attention_rows([ids[i] for i in lines])):
+                if hyps[i] and hyps[i][0].attention:
+                    hyps[i][0].attention[0] = row
         return hyps
+
+    def _first_attention_rows(self, ids: list[list[int]]) -> list[list[float]]:
+        """Each line's attention at the first decoding step, from a one-step greedy search (see above)."""
+        results = self.engine.translate_batch(
+            [[self.src_pieces[t] for t in seq] for seq in ids], max_batch_size=self.cfg.max_tokens, batch_type="tokens",
+            beam_size=1, min_decoding_length=0, max_decoding_length=1, return_attention=True)
+        return [list(r.attention[0][0]) for r in results]
+
+    def check_alignment_layer(self, layer: int) -> None:
+        """Refuse an alignment layer (from 0) other than the one the export's attention comes from."""
+        if layer != self.alignment_layer:
+            have = "no attention (exported before alignments)" if self.alignment_layer is None else \
+                f"the attention of decoder layer {self.alignment_layer} (from 0)"
+            raise NmtError(f"CTranslate2 model {self.model_dir} gives {have}, not of --alignment-layer {layer} (from 0); "
+                           f"export it again with `nmt export --force` for the default layer, or align with --engine nmt")
 
     def decoding_length(self, source_length: int, search: SearchConfig) -> int:
         """CTranslate2's `max_decoding_length` for nmt's limit: its tokens before eos, plus eos."""
         return search.max_output_length(source_length, self.max_positions) + 1
 
-    def _search(self, ids: list[list[int]], max_length: int, search: SearchConfig) -> list:
+    def _search(self, ids: list[list[int]], max_length: int, search: SearchConfig,
+                prefixes: Optional[list[list[int]]] = None, attention: bool = False) -> list:
         """One `translate_batch`: CTranslate2 sorts the lines and cuts token-based batches."""
+        target_prefix = None
+        if prefixes is not None and any(prefixes):
+            target_prefix = [[self.tgt_pieces[t] for t in p] or None for p in prefixes]
         return self.engine.translate_batch(
-            [[self.src_pieces[t] for t in seq] for seq in ids],
+            [[self.src_pieces[t] for t in seq] for seq in ids], target_prefix,
             max_batch_size=self.cfg.max_tokens, batch_type="tokens", beam_size=search.beam, patience=1,
             length_penalty=search.lenpen, num_hypotheses=search.beam, return_scores=True, return_end_token=True,
             min_decoding_length=0, max_decoding_length=max_length, suppress_sequences=self.suppress,
+            return_attention=attention,
         )
 
-    def _hypotheses(self, result, search: SearchConfig) -> list[Hypothesis]:
+    def _hypotheses(self, result, search: SearchConfig, attention: bool = False) -> list[Hypothesis]:
         """The `nbest` best of a result (CTranslate2 sorts them), as nmt's hypotheses."""
         found = []
-        for pieces, score in zip(result.hypotheses[: search.nbest], result.scores):
+        for n, (pieces, score) in enumerate(zip(result.hypotheses[: search.nbest], result.scores)):
             length = len(pieces)  # eos included, as nmt counts |Y|
             if pieces and pieces[-1] == self.eos_piece:
                 pieces = pieces[:-1]
-            found.append(Hypothesis([self.tgt_ids[p] for p in pieces], score, score * length**search.lenpen))
+            weights = [list(row) for row in result.attention[n]] if attention and n == 0 else None
+            found.append(Hypothesis([self.tgt_ids[p] for p in pieces], score, score * length**search.lenpen, weights))
         return found

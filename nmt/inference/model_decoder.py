@@ -10,9 +10,10 @@ from typing import Iterator, Optional, Sequence
 import torch
 
 from nmt.data.batching import source_tensor
+from nmt.errors import NmtError
 from nmt.inference.beam_search import beam_search
 from nmt.inference.config import SearchConfig, resolve_inter_threads
-from nmt.inference.hypothesis import Hypothesis
+from nmt.inference.hypothesis import NO_REQUEST, Hypothesis, TargetRequest
 from nmt.inference.sampling_config import SamplingConfig
 from nmt.model.transformer import Transformer
 
@@ -29,11 +30,15 @@ class ModelDecoder:
     120-136). The operations release the GIL, so the workers run in parallel.
     """
 
+    constrains = True
+    """Whether it searches with constraints."""
+
     def __init__(self, models: Sequence[Transformer], max_tokens: int, sampling: Optional[SamplingConfig] = None,
                  threads: int = 0, inter_threads: int = 0):
         self.models, self.max_tokens = list(models), max_tokens
         self.device = next(self.models[0].parameters()).device
         self.max_positions = min(m.cfg.max_positions for m in self.models)
+        self.decoder_layers = min(m.cfg.decoder_layers for m in self.models)
         self.sampling = sampling if sampling is not None and sampling.sampling else None
         """With --sampling: one draw per line (nmt.inference.sampling) instead of the beam search."""
         self.generator = torch.Generator(self.device).manual_seed(sampling.seed) if self.sampling else None
@@ -42,28 +47,55 @@ class ModelDecoder:
         """Batches searched at once (see the class docstring)."""
         self._pool: Optional[ThreadPoolExecutor] = None
 
-    def decode(self, ids: list[list[int]], search: SearchConfig) -> list[list[Hypothesis]]:
+    def decode(self, ids: list[list[int]], search: SearchConfig, requests: Optional[Sequence[TargetRequest]] = None,
+               alignment_layer: Optional[int] = None) -> list[list[Hypothesis]]:
+        if self.sampling is not None and requests is not None and any(requests):
+            raise NmtError("--sampling draws free translations; a prefix or constraints need the beam search")
         hyps: list[list[Hypothesis]] = [[] for _ in ids]
         batches = list(self._batches(ids))
+        requests = list(requests) if requests is not None else [NO_REQUEST] * len(ids)
+
+        def search_batch(batch: list[int]) -> list[list[Hypothesis]]:
+            return self._search(ids, batch, search, requests, alignment_layer)
+
         if self.inter_threads > 1 and len(batches) > 1:
             if self._pool is None:  # the same worker threads for every call: each keeps its thread team
                 self._pool = ThreadPoolExecutor(self.inter_threads, thread_name_prefix="nmt-decode")
             with _intra_threads(self.threads // self.inter_threads, self.threads):
-                found = list(self._pool.map(lambda batch: self._search(ids, batch, search), batches))
+                found = list(self._pool.map(search_batch, batches))
         else:
-            found = [self._search(ids, batch, search) for batch in batches]
+            found = [search_batch(batch) for batch in batches]
         for batch, batch_hyps in zip(batches, found):
             for i, hyp in zip(batch, batch_hyps):
                 hyps[i] = hyp
         return hyps
 
-    def _search(self, ids: list[list[int]], batch: list[int], search: SearchConfig) -> list[list[Hypothesis]]:
+    def _search(self, ids: list[list[int]], batch: list[int], search: SearchConfig, requests: list[TargetRequest],
+                alignment_layer: Optional[int]) -> list[list[Hypothesis]]:
+        """One batch. Its lines with constraints are searched again on their own by the
+        constrained search; the plain search still runs on the whole batch when it holds any
+        line without, so those lines get exactly what they would get without the others."""
         src = self._source_tensor([ids[i] for i in batch])
         if self.sampling is not None:
             from nmt.inference.sampling import sample
 
             return sample(self.models, src, self.sampling, search, self.generator)
-        return beam_search(self.models, src, search)
+        constrained = [j for j, i in enumerate(batch) if requests[i].constraints]
+        found: list[list[Hypothesis]] = [[] for _ in batch]
+        if len(constrained) < len(batch):
+            prefixes = [requests[i].prefix for i in batch]
+            found = beam_search(self.models, src, search, prefixes=prefixes if any(prefixes) else None)
+        if constrained:
+            from nmt.inference.constrained_search import constrained_beam_search
+
+            sub = self._source_tensor([ids[batch[j]] for j in constrained])
+            for j, hyps in zip(constrained, constrained_beam_search(self.models, sub, search, [requests[batch[j]] for j in constrained])):
+                found[j] = hyps
+        if alignment_layer is not None:
+            from nmt.inference.source_attention import attach_attention
+
+            attach_attention(self.models, src, found, alignment_layer)
+        return found
 
     def _batches(self, ids: list[list[int]]) -> Iterator[list[int]]:
         """Indices of non-empty lines, longest first, in batches of at most max_tokens padded source tokens."""

@@ -5,8 +5,12 @@ preprocessed with it) -> source tokenizer -> eos appended, lines longer than the
 positions truncated and counted -> sorted by length and cut into batches of `max_tokens`
 source tokens (padding included), so padding stays small -> beam search -> input order
 restored -> target tokenizer decodes -> (Moses detokenization). Lines without any token give
-an empty translation without running the model. Only one buffer is held in memory, so
-translation streams.
+an empty translation without running the model (whatever prefix or constraints they carry).
+Only one buffer is held in memory, so translation streams.
+
+A line may carry a target prefix and constraint phrases (raw text, tokenized here as the
+target side is: Moses first when the run uses it); with `alignment`, each translation also
+gets its word alignment (`nmt.inference.word_alignment`).
 
 This module never imports torch itself: with `--engine ctranslate2` on an exported model the
 whole command runs without it (nmt's own engine, `nmt.inference.model_decoder`, brings it).
@@ -18,13 +22,13 @@ import sys
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Protocol, Sequence, Union
 
 from nmt.data.tokenizer import Tokenizer, load_tokenizer
 from nmt.errors import NmtError
 from nmt.inference.checkpoints import default_checkpoint, resolve_checkpoint
-from nmt.inference.config import SearchConfig, TranslateConfig
-from nmt.inference.hypothesis import Hypothesis
+from nmt.inference.config import AlignmentConfig, SearchConfig, TranslateConfig
+from nmt.inference.hypothesis import Hypothesis, TargetRequest
 from nmt.inference.sampling_config import SamplingConfig
 from nmt.run.directory import RunDir
 from nmt.run.identity import run_identity
@@ -41,6 +45,9 @@ class Translation:
     """Length-penalized log-probability of `hyp`; None for an empty input line."""
     nbest: list[tuple[str, float]]
     """(hypothesis, score) pairs, best first; empty for an empty input line."""
+    alignment: Union[None, str, list[list[float]]] = None
+    """When asked for: the word alignment of `hyp` to the input line, Pharaoh "i-j" pairs
+    (hard) or the (output words x input words) attention matrix (soft); "" or [] for an empty line."""
 
 
 # -- decoding strategies ----------------------------------------------------------------
@@ -50,10 +57,17 @@ class Decoder(Protocol):
 
     max_positions: int
     """Source positions the model takes, eos included (longer lines are cut by the Translator)."""
+    decoder_layers: int
+    """Layers of the model's decoder (an alignment layer is one of them)."""
+    constrains: bool
+    """Whether it searches with constraints."""
 
-    def decode(self, ids: list[list[int]], search: SearchConfig) -> list[list[Hypothesis]]:
+    def decode(self, ids: list[list[int]], search: SearchConfig, requests: Optional[Sequence[TargetRequest]] = None,
+               alignment_layer: Optional[int] = None) -> list[list[Hypothesis]]:
         """The best hypotheses (or one sample) of every non-empty line, in order; none for an
-        empty line or one whose search found no hypothesis of finite score."""
+        empty line or one whose search found no hypothesis of finite score. `requests` gives
+        lines a prefix or constraints; with `alignment_layer` the best hypothesis of each line
+        gets that decoder layer's `attention`."""
         ...
 
 
@@ -72,10 +86,15 @@ class Translator:
         moses_langs: Optional[tuple[str, str]] = None,
         checkpoints: Sequence[Path] = (),
         sampling: Optional[SamplingConfig] = None,
+        alignment: Optional[AlignmentConfig] = None,
     ):
         """`decoder` is a strategy (`ModelDecoder`, `CTranslate2Decoder`), or models to search with nmt's own."""
         search.validate()
         cfg.validate()
+        if alignment is not None and alignment.print_alignment:
+            alignment.validate()
+        else:
+            alignment = None
         if not hasattr(decoder, "decode"):
             from nmt.inference.model_decoder import ModelDecoder
 
@@ -86,6 +105,11 @@ class Translator:
         self.moses_langs = moses_langs
         self.checkpoints = list(checkpoints)
         self.max_positions = decoder.max_positions
+        self.alignment = alignment
+        """Word alignments asked for (None: none)."""
+        self.alignment_layer = alignment.layer_of(decoder.decoder_layers) if alignment is not None else None
+        self._surfaces: Optional[tuple[list[str], list[str]]] = None
+        """Each vocabulary piece's text, source and target side (word alignments)."""
         self.truncated = 0
         """Input lines cut to the model's positions so far."""
         self.target_tokens = 0
@@ -93,28 +117,29 @@ class Translator:
         self.no_hypothesis = 0
         """Lines whose search found no hypothesis of finite score (a damaged model or an
         overflow), translated as an empty line so far."""
+        self.unmet_constraints = 0
+        """Lines whose translation misses one of its constraint phrases (it reached the length
+        limit first) so far."""
 
     @property
     def models(self) -> list[Transformer]:
         """The torch models translating (none when another engine runs the search)."""
         return getattr(self.decoder, "models", [])
 
-    def translate(self, lines: Sequence[str]) -> list[Translation]:
-        """Translate one buffer of raw lines; one Translation per line, in order."""
-        texts = list(lines)
-        if self.moses_langs is not None:
-            from nmt.data.moses import moses_preprocess
+    def translate(self, lines: Sequence[str], prefixes: Optional[Sequence[str]] = None,
+                  constraints: Optional[Sequence[Sequence[str]]] = None, first_line: int = 1) -> list[Translation]:
+        """Translate one buffer of raw lines; one Translation per line, in order. `prefixes`
+        (one per line, "" for none) and `constraints` (phrases per line) are raw target text;
+        `first_line` numbers the lines in error messages."""
+        ids, cut = self._source_ids(lines)
+        self.truncated += cut
+        requests = self._requests(ids, prefixes, constraints, first_line)
 
-            texts = moses_preprocess(texts, self.moses_langs[0])
-        ids = self.src_tokenizer.encode(texts)
-        limit = self.max_positions - 1  # eos takes the last position
-        for i, seq in enumerate(ids):
-            if len(seq) > limit:
-                ids[i] = seq[:limit]
-                self.truncated += 1
-
-        hyps = self.decoder.decode(ids, self.search)
+        hyps = self.decoder.decode(ids, self.search, requests, self.alignment_layer)
         self.no_hypothesis += sum(1 for seq, found in zip(ids, hyps) if seq and not found)
+        if requests is not None:
+            self.unmet_constraints += sum(1 for r, found in zip(requests, hyps)
+                                          if found and not all(_contains(found[0].tokens, c) for c in r.constraints))
 
         flat = [h.tokens for found in hyps for h in found]
         decoded = self.tgt_tokenizer.decode(flat) if flat else []
@@ -124,14 +149,90 @@ class Translator:
             decoded = moses_postprocess(decoded, self.moses_langs[1])
         decoded_iter = iter(_one_line(t) for t in decoded)
         out = []
-        for found in hyps:
+        for line, seq, found in zip(lines, ids, hyps):
             if not found:
-                out.append(Translation("", None, []))
+                out.append(Translation("", None, [], self._alignment(None, line, [], "")))
                 continue
             nbest = [(next(decoded_iter), h.score) for h in found]
             self.target_tokens += len(found[0].tokens) + 1
-            out.append(Translation(nbest[0][0], nbest[0][1], nbest))
+            best = found[0]
+            out.append(Translation(nbest[0][0], nbest[0][1], nbest, self._alignment(best.attention, line, seq, nbest[0][0], best.tokens)))
         return out
+
+    def check_requests(self, lines: Sequence[str], prefixes: Optional[Sequence[str]],
+                       constraints: Optional[Sequence[Sequence[str]]]) -> None:
+        """The NmtError `translate` would raise for these prefixes and constraints, without translating."""
+        requests = self._requests(self._source_ids(lines)[0], prefixes, constraints, 1)
+        if requests is not None and any(r.constraints for r in requests) and not self.decoder.constrains:
+            raise NmtError("this engine has no constrained search; translate with constraints on --engine nmt")
+
+    def _source_ids(self, lines: Sequence[str]) -> tuple[list[list[int]], int]:
+        """The source ids of raw lines, cut to the model's positions, and how many were cut."""
+        texts = list(lines)
+        if self.moses_langs is not None:
+            from nmt.data.moses import moses_preprocess
+
+            texts = moses_preprocess(texts, self.moses_langs[0])
+        ids = self.src_tokenizer.encode(texts)
+        limit = self.max_positions - 1  # eos takes the last position
+        cut = sum(1 for seq in ids if len(seq) > limit)
+        return [seq[:limit] for seq in ids] if cut else ids, cut
+
+    def _requests(self, ids: list[list[int]], prefixes: Optional[Sequence[str]], constraints: Optional[Sequence[Sequence[str]]],
+                  first_line: int) -> Optional[list[TargetRequest]]:
+        """Each line's prefix and constraint phrases in target ids, or an NmtError naming a line
+        whose prefix and phrases cannot fit its output length limit."""
+        if not prefixes and not constraints:
+            return None
+        n = len(ids)
+        for name, given in (("prefixes", prefixes), ("constraints", constraints)):
+            if given is not None and len(given) != n:
+                raise NmtError(f"{len(given)} {name} for {n} lines; give one per line")
+        prefix_ids = self._target_ids(list(prefixes) if prefixes else [""] * n)
+        phrases = [[p for p in line_phrases if p.strip()] for line_phrases in (constraints or [[]] * n)]
+        flat = self._target_ids([p for line_phrases in phrases for p in line_phrases])
+        requests, at = [], 0
+        for i, (seq, prefix) in enumerate(zip(ids, prefix_ids)):
+            line_ids = tuple(tuple(flat[at + j]) for j in range(len(phrases[i])))
+            at += len(phrases[i])
+            request = TargetRequest(tuple(prefix), tuple(c for c in line_ids if c))
+            if seq and request:
+                room = self.search.max_output_length(len(seq), self.max_positions)
+                need = len(request.prefix) + sum(map(len, request.constraints))
+                if need > room:
+                    what = " and ".join(n for n, v in (("prefix", request.prefix), ("constraints", request.constraints)) if v)
+                    raise NmtError(f"line {first_line + i}: its {what} {'takes' if what == 'prefix' else 'take'} {need} target tokens, more than "
+                                   f"the {room} its {len(seq)}-token source may have (--max-len-a {self.search.max_len_a:g} "
+                                   f"--max-len-b {self.search.max_len_b}); shorten them or raise --max-len-b")
+            requests.append(request)
+        return requests
+
+    def _target_ids(self, texts: list[str]) -> list[list[int]]:
+        """Raw target text as the model's target ids (Moses-tokenized first when the run is)."""
+        if not texts:
+            return []
+        if self.moses_langs is not None:
+            from nmt.data.moses import moses_preprocess
+
+            texts = moses_preprocess(texts, self.moses_langs[1])
+        return self.tgt_tokenizer.encode(texts)
+
+    def _alignment(self, attention: Optional[list[list[float]]], source: str, src_ids: Sequence[int], output: str,
+                   tgt_ids: Sequence[int] = ()) -> Union[None, str, list[list[float]]]:
+        """The word alignment of one translation in the asked format (None when not asked)."""
+        if self.alignment is None:
+            return None
+        from nmt.inference import word_alignment as wa
+
+        hard = self.alignment.alignment_format == "hard"
+        if attention is None:
+            return "" if hard else []
+        if self._surfaces is None:
+            self._surfaces = (wa.piece_surfaces(self.src_tokenizer.pieces()), wa.piece_surfaces(self.tgt_tokenizer.pieces()))
+        src_surfaces, tgt_surfaces = self._surfaces
+        matrix = wa.align_words(attention, [src_surfaces[t] for t in src_ids], source,
+                                [tgt_surfaces[t] for t in tgt_ids], output)
+        return wa.pharaoh(wa.hard_alignment(matrix)) if hard else matrix
 
 
 def buffers(lines: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -139,6 +240,12 @@ def buffers(lines: Iterable[str], size: int) -> Iterator[list[str]]:
     it = iter(lines)
     while buffer := list(islice(it, size)):
         yield buffer
+
+
+def _contains(tokens: Sequence[int], phrase: Sequence[int]) -> bool:
+    """Whether `phrase` occurs in `tokens` as a contiguous run."""
+    n = len(phrase)
+    return any(list(tokens[i : i + n]) == list(phrase) for i in range(len(tokens) - n + 1))
 
 
 def _one_line(text: str) -> str:
@@ -154,6 +261,7 @@ def load_translator(
     search: Optional[SearchConfig] = None,
     cfg: Optional[TranslateConfig] = None,
     sampling: Optional[SamplingConfig] = None,
+    alignment: Optional[AlignmentConfig] = None,
 ) -> Translator:
     """The translator of a trained run: its tokenizers, Moses setting and checkpoint(s).
 
@@ -177,7 +285,9 @@ def load_translator(
 
     if cfg.engine == "ctranslate2":
         decoder, paths = _ctranslate2_decoder(run, checkpoints, search, cfg, sampling, src_tok, tgt_tok)
-        return Translator(decoder, src_tok, tgt_tok, search, cfg, moses_langs=moses, checkpoints=paths)
+        if alignment is not None and alignment.print_alignment:
+            decoder.check_alignment_layer(alignment.layer_of(decoder.decoder_layers))
+        return Translator(decoder, src_tok, tgt_tok, search, cfg, moses_langs=moses, checkpoints=paths, alignment=alignment)
 
     import torch
 
@@ -190,7 +300,8 @@ def load_translator(
     dtype = resolve_dtype(cfg.amp, device)
     paths = [resolve_checkpoint(run, c) for c in checkpoints] or [default_checkpoint(run)]
     models = [load_model(path, device, dtype, expected=run_identity(run)) for path in paths]
-    return Translator(models, src_tok, tgt_tok, search, cfg, moses_langs=moses, checkpoints=paths, sampling=sampling)
+    return Translator(models, src_tok, tgt_tok, search, cfg, moses_langs=moses, checkpoints=paths, sampling=sampling,
+                      alignment=alignment)
 
 
 def _ctranslate2_decoder(run: RunDir, checkpoints: Sequence[str | Path], search: SearchConfig, cfg: TranslateConfig,

@@ -66,6 +66,16 @@ class MultiHeadAttention(nn.Module):
         `attn_mask` is True where attention is allowed."""
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
 
+    def attention_weights(self, x: Tensor, kv: tuple[Tensor, Tensor], attn_mask: Optional[Tensor] = None) -> Tensor:
+        """softmax(QK^T / sqrt(d_k)) of encoder-decoder attention, (B, h, T, S): what each
+        query position attends to in the source, for word alignments (`nmt.inference.alignment`).
+        `attention` never materialises these weights (the fused kernel does not return them)."""
+        q = self._heads(self.q_proj(x))
+        scores = q @ kv[0].transpose(-2, -1) / math.sqrt(self.d_head)
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        return scores.softmax(-1)
+
     def _heads(self, x: Tensor) -> Tensor:
         B, T, _ = x.shape
         return x.view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, h, T, d_head)
@@ -174,6 +184,13 @@ class DecoderLayer(nn.Module):
         x = self.cross_block(x, lambda h: self.cross_attn(h, kv=memory_kv, attn_mask=memory_mask))
         return self.ffn_block(x, self.ffn)
 
+    def cross_attention_weights(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], memory_mask: Optional[Tensor]) -> Tensor:
+        """The encoder-decoder attention weights (B, h, T, S) this layer computes for input x
+        (teacher forcing): its self-attention block, then the queries its cross-attention forms."""
+        x = self.self_block(x, lambda h: self.self_attn(h, is_causal=True))
+        h = self.cross_block.norm(x) if self.cross_block.pre_ln else x
+        return self.cross_attn.attention_weights(h, memory_kv, memory_mask)
+
 
 class EncoderOut(NamedTuple):
     states: Tensor  # (B, S, d_model)
@@ -246,6 +263,20 @@ class Transformer(nn.Module):
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         return x
+
+    def cross_attention(self, src_tokens: Tensor, prev_tokens: Tensor, layer: int) -> Tensor:
+        """Encoder-decoder attention weights of decoder layer `layer` (negative: from the end),
+        averaged over its heads, (B, T, S): row t is what the prediction of target token t
+        attended to. Teacher-forced, so it runs the decoder layers up to `layer` only."""
+        enc = self.encode(src_tokens)
+        x = self._embed(self.tgt_embed, prev_tokens)
+        last = self.decoder_layers[range(len(self.decoder_layers))[layer]]  # an IndexError names a bad layer
+        for dec in self.decoder_layers:
+            kv = dec.cross_attn.project_kv(enc.states)
+            if dec is last:
+                return dec.cross_attention_weights(x, kv, enc.attn_mask).mean(1)
+            x = dec(x, kv, enc.attn_mask)
+        raise AssertionError("the layer is one of the decoder's")
 
     def project(self, hidden: Tensor) -> Tensor:
         """Pre-softmax linear transformation to vocabulary logits."""

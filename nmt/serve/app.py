@@ -1,7 +1,9 @@
 """`nmt serve`: a trained run over HTTP (Starlette app, uvicorn server).
 
-    POST /translate  {"text": "..." | ["...", ...], "beam": 4, "lenpen": 0.6, "nbest": 1}
-                     -> {"translations": [{"text", "score", "nbest": [{"text", "score"}]}],
+    POST /translate  {"text": "..." | ["...", ...], "beam": 4, "lenpen": 0.6, "nbest": 1,
+                      "prefix": "..." | ["...", ...], "constraints": ["...", ...] | [["...", ...], ...],
+                      "alignment": "hard" | "soft"}
+                     -> {"translations": [{"text", "score", "nbest": [{"text", "score"}], "alignment"}],
                          "checkpoints": [{"path", "sha256"}], "settings": {...}, "time_ms": ...}
     GET  /health     -> {"status": "ok"}
     GET  /info       -> languages, architecture, parameters, checkpoints with hashes, settings,
@@ -38,7 +40,7 @@ from nmt.inference.config import SearchConfig
 
 log = logging.getLogger("nmt.serve.app")
 
-REQUEST_FIELDS = {"text", "beam", "lenpen", "nbest"}
+REQUEST_FIELDS = {"text", "beam", "lenpen", "nbest", "prefix", "constraints", "alignment"}
 
 
 class ClientError(Exception):
@@ -51,8 +53,9 @@ class ClientError(Exception):
 
 # -- request parsing (no web framework needed) ------------------------------------------
 
-def parse_body(body: bytes, cfg: ServeConfig) -> tuple[list[str], bool, dict[str, Any]]:
-    """(sentences, whether "text" was a single string, beam search overrides), or ClientError."""
+def parse_body(body: bytes, cfg: ServeConfig) -> tuple[list[Any], bool, dict[str, Any]]:
+    """(sentences, whether "text" was a single string, beam search overrides), or ClientError.
+    Each sentence is a (text, prefix, constraint phrases) triple."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -90,7 +93,30 @@ def parse_body(body: bytes, cfg: ServeConfig) -> tuple[list[str], bool, dict[str
             where = "" if single else f" (item {i})"
             raise ClientError(400, f'"text"{where} holds a lone surrogate {line[e.start]!r} at character {e.start}, '
                                    "which is no character; send a whole surrogate pair") from None
-    return lines, single, _search_overrides(data, cfg)
+    prefixes, phrases = _target_requests(data, lines, single)
+    return list(zip(lines, prefixes, phrases)), single, _search_overrides(data, cfg)
+
+
+def _target_requests(data: dict[str, Any], lines: list[str], single: bool) -> tuple[list[str], list[list[str]]]:
+    """Each sentence's "prefix" and "constraints", shaped as "text" is (one per sentence)."""
+    n = len(lines)
+    prefixes, phrases = [""] * n, [[] for _ in range(n)]
+    if "prefix" in data:
+        value = data["prefix"]
+        given = [value] if single and isinstance(value, str) else value
+        if not isinstance(given, list) or len(given) != n or not all(isinstance(p, str) for p in given):
+            want = "a string" if single else f"a list of {n} strings, one per text"
+            raise ClientError(400, f'"prefix" must be {want} (empty: none), not {_json_type(value)}')
+        prefixes = given
+    if "constraints" in data:
+        value = data["constraints"]
+        given = [value] if single else value
+        if not isinstance(given, list) or len(given) != n or not all(
+                isinstance(c, list) and all(isinstance(p, str) for p in c) for c in given):
+            want = "a list of strings" if single else f"a list of {n} lists of strings, one per text"
+            raise ClientError(400, f'"constraints" must be {want}, not {_json_type(value)}')
+        phrases = given
+    return prefixes, phrases
 
 
 def _search_overrides(data: dict[str, Any], cfg: ServeConfig) -> dict[str, Any]:
@@ -111,6 +137,11 @@ def _search_overrides(data: dict[str, Any], cfg: ServeConfig) -> dict[str, Any]:
         if must is not None:
             raise ClientError(400, f'"lenpen" must be {must}, not {_shown(value)}')
         search["lenpen"] = float(value)
+    if "alignment" in data:
+        value = data["alignment"]
+        if value not in ("hard", "soft"):
+            raise ClientError(400, f'"alignment" must be "hard" or "soft", not {_shown(value)}')
+        search["alignment"] = value
     return search
 
 
@@ -152,8 +183,24 @@ class TranslationService:
         self.runs_on = _runs_on(self.model.translator)
         self.architecture = _architecture(self.model)
 
-    def _translate(self, lines: Sequence[str], search: dict[str, Any]) -> list[Any]:
-        return self.model.with_search(**search).translate(lines)
+    def _translate(self, items: Sequence[tuple[str, str, list[str]]], search: dict[str, Any]) -> list[Any]:
+        texts = [text for text, _, _ in items]
+        prefixes = [prefix for _, prefix, _ in items]
+        phrases = [p for _, _, p in items]
+        return self.model.translate_lines(texts, prefixes if any(prefixes) else None, phrases if any(phrases) else None,
+                                          **search)
+
+    def check_requests(self, items: Sequence[tuple[str, str, list[str]]], search: dict[str, Any]) -> None:
+        """Refuse, before the batcher, a sentence whose prefix and constraints the model cannot
+        take (a failing model call would fail the other clients' sentences of the call)."""
+        prefixes = [prefix for _, prefix, _ in items]
+        phrases = [p for _, _, p in items]
+        if not any(prefixes) and not any(phrases):
+            return
+        try:
+            self.model.with_search(**search).check_requests([t for t, _, _ in items], prefixes, phrases)
+        except NmtError as e:
+            raise ClientError(400, str(e).replace("line ", "text ", 1).replace("--", "")) from None
 
     def settings(self, search: dict[str, Any]) -> dict[str, Any]:
         """The beam search used (defaults with the request's overrides) and where the model runs."""
@@ -318,14 +365,15 @@ def build_app(service: TranslationService, body_timeout: float = BODY_TIMEOUT_S)
         try:
             lines, single, search = parse_body(await read_body(request), service.cfg)
             service.check_search(search)
+            service.check_requests(lines, search)
         except ClientError as e:
             # After a 408 or 503 the rest of the body may still trickle in: close rather than wait for it.
             headers = {"connection": "close"} if e.status in (408, 503) else None
             return JSONResponse({"error": e.reason}, status_code=e.status, headers=headers)
         found = await service.translate(lines, search)
         return JSONResponse({
-            "translations": [{"text": t.hyp, "score": t.score, "nbest": [{"text": h, "score": s} for h, s in t.nbest]}
-                             for t in found],
+            "translations": [{"text": t.hyp, "score": t.score, "nbest": [{"text": h, "score": s} for h, s in t.nbest],
+                              **({"alignment": t.alignment} if t.alignment is not None else {})} for t in found],
             "checkpoints": service.checkpoints,
             "settings": service.settings(search),
             "time_ms": round((time.perf_counter() - start) * 1000, 3),
