@@ -10,9 +10,11 @@ tokenizer is which), so the model is usable without nmt:
     ctranslate2.Translator(DIR).translate_batch([pieces], return_end_token=True, ...)
 
 What has to be said explicitly, because CTranslate2's defaults differ from nmt:
-  * positions: nmt's sinusoids are interleaved (sin in even, cos in odd dimensions, Section
-    3.5) and start at position 0; CTranslate2's built-in table concatenates them, so the
-    exact table is written as `position_encodings`;
+  * positions: nmt's sinusoids are interleaved by default (sin in even, cos in odd dimensions,
+    Section 3.5) and start at position 0; CTranslate2's built-in table concatenates them, so the
+    model's own table, in either `positions_layout`, is written as `position_encodings`;
+  * the feed-forward activation (`activation`: relu, swish or gelu) and the pre-softmax
+    `output_bias`, when the model has one, as the decoder projection's bias;
   * special tokens: the decoder starts from bos (<s>), and the source gets eos (</s>)
     appended, as nmt's batches do (`decoder_start_token`, `add_source_eos`);
   * post-LN layers unless the run was trained with --pre-ln; sqrt(d_model)-scaled embeddings.
@@ -106,11 +108,14 @@ def alignment_layer(decoder_layers: int) -> int:
 
 def _fill_spec(model: Any, src_tokens: list[str], tgt_tokens: list[str]) -> Any:
     """A CTranslate2 TransformerSpec holding `model`'s weights (float32 numpy arrays)."""
-    from ctranslate2.specs import transformer_spec
+    from ctranslate2.specs import Activation, transformer_spec
 
     cfg = model.cfg
+    # torch's F.gelu is the exact (erf) GELU, CTranslate2's GELU; GELUTanh is the approximation
+    activation = {"relu": Activation.RELU, "swish": Activation.SWISH, "gelu": Activation.GELU}[cfg.activation]
     # return_attention gives nmt's alignment attention: the default layer, every head averaged
     spec = transformer_spec.TransformerSpec.from_config((cfg.encoder_layers, cfg.decoder_layers), cfg.n_heads, pre_norm=cfg.pre_ln,
+                                                        activation=activation,
                                                         alignment_layer=alignment_layer(cfg.decoder_layers), alignment_heads=cfg.n_heads)
 
     def array(t: Any) -> Any:
@@ -129,7 +134,7 @@ def _fill_spec(model: Any, src_tokens: list[str], tgt_tokens: list[str]) -> Any:
         linear(dst.linear_0, ffn_module.fc1)
         linear(dst.linear_1, ffn_module.fc2)
 
-    positions = array(model.positions)  # (max_positions, d_model), interleaved sin/cos
+    positions = array(model.positions)  # (max_positions, d_model), in the model's positions_layout
     for side, embed, layers in ((spec.encoder, model.src_embed, model.encoder_layers),
                                 (spec.decoder, model.tgt_embed, model.decoder_layers)):
         embeddings = side.embeddings[0] if isinstance(side.embeddings, list) else side.embeddings
@@ -154,6 +159,8 @@ def _fill_spec(model: Any, src_tokens: list[str], tgt_tokens: list[str]) -> Any:
         norm(spec.encoder.layer_norm, model.encoder_norm)
         norm(spec.decoder.layer_norm, model.decoder_norm)
     spec.decoder.projection.weight = array(model.output_weight)
+    if model.output_bias is not None:
+        spec.decoder.projection.bias = array(model.output_bias)
 
     spec.register_source_vocabulary(src_tokens)
     spec.register_target_vocabulary(tgt_tokens)

@@ -16,6 +16,11 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 """The ids of the special tokens in every vocabulary nmt learns (nmt.data.tokenizer): the model
 pads with PAD_ID and starts the decoder with BOS_ID; a translation ends at EOS_ID."""
 
+ACTIVATIONS = ("relu", "swish", "gelu")
+"""The feed-forward network's activations (`nmt.model.transformer.FeedForward`); relu is the paper's."""
+POSITIONS_LAYOUTS = ("interleaved", "halves")
+"""Layouts of the sinusoidal table (`nmt.model.transformer.sinusoidal_positions`); interleaved is the paper's."""
+
 
 @dataclass
 class TransformerConfig:
@@ -30,11 +35,14 @@ class TransformerConfig:
     decoder_layers: int = _f(6, "Decoder depth N (paper: 6).")
     dropout: float = _f(0.1, "Residual dropout P_drop on sublayer outputs and on embeddings + positions (5.4; paper: 0.1 base, 0.3 big En-De).")
     attention_dropout: float = _f(0.0, "Dropout on attention weights (not in the paper; a fairseq/t2t option).")
-    relu_dropout: float = _f(0.0, "Dropout after the ReLU of the feed-forward network (not in the paper).")
+    relu_dropout: float = _f(0.0, "Dropout after the activation of the feed-forward network (not in the paper).")
+    activation: str = _f("relu", "Activation of the feed-forward network: relu (the paper, 3.3), swish (x * sigmoid(x), SiLU: Marian / OPUS-MT) or gelu (exact, erf).")
     max_positions: int = _f(1024, "Longest sequence in subword tokens, eos included; longer training pairs are skipped and counted.")
     share_all_embeddings: bool = _f(True, "One matrix for source embeddings, target embeddings and pre-softmax projection (3.4); needs a joint vocabulary.")
     share_decoder_input_output_embed: bool = _f(True, "Tie target embeddings and the pre-softmax projection (implied by share_all_embeddings).")
     pre_ln: bool = _f(False, "LayerNorm before each sublayer instead of after the residual sum (t2t's later default); the paper is post-LN.")
+    positions_layout: str = _f("interleaved", "Where the sinusoids (3.5) go: interleaved (PE(pos, 2i) = sin, PE(pos, 2i+1) = cos, the paper's formula) or halves (the d_model/2 sines, then the cosines of the same frequencies: Marian / OPUS-MT).")
+    output_bias: bool = _f(False, "A learned bias, initialised to zero, added to the pre-softmax logits (not in the paper; Marian's final_logits_bias).")
 
     RANGES: ClassVar[dict[str, Range]] = {
         "src_vocab_size": POSITIVE, "tgt_vocab_size": POSITIVE,
@@ -48,6 +56,9 @@ class TransformerConfig:
 
     def validate(self) -> None:
         check_ranges(self)
+        for name, allowed in (("activation", ACTIVATIONS), ("positions_layout", POSITIONS_LAYOUTS)):
+            if getattr(self, name) not in allowed:
+                raise NmtError(f"unknown --{name.replace('_', '-')} {getattr(self, name)!r}; choose one of {', '.join(allowed)}")
         if self.d_model % self.n_heads:
             raise NmtError(f"d_model {self.d_model} must be divisible by the number of heads {self.n_heads}")
         if self.share_all_embeddings and self.src_vocab_size != self.tgt_vocab_size:
@@ -78,8 +89,10 @@ NON_ARCHITECTURE_FIELDS = frozenset({"dropout", "attention_dropout", "relu_dropo
 
 def architecture(config: dict[str, Any]) -> dict[str, Any]:
     """The fields of a configuration (as a dict) that decide what the weights mean: two
-    checkpoints with equal architectures can be averaged or resumed into one another."""
-    return {k: v for k, v in config.items() if k not in NON_ARCHITECTURE_FIELDS}
+    checkpoints with equal architectures can be averaged or resumed into one another. A field
+    added since the dict was written has its default, as `TransformerConfig.from_dict` gives it."""
+    defaults = {f.name: f.default for f in fields(TransformerConfig)}
+    return {k: v for k, v in {**defaults, **config}.items() if k not in NON_ARCHITECTURE_FIELDS}
 
 
 def transformer_tiny() -> TransformerConfig:

@@ -28,10 +28,15 @@ from nmt.model.config import PAD_ID, TransformerConfig
 from nmt.model.incremental import DecoderState, SelfAttentionCache
 
 
-def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...)  (Section 3.5)."""
+def sinusoidal_positions(n_positions: int, d_model: int, layout: str = "interleaved") -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...)  (Section 3.5).
+
+    `layout` "halves" puts the same values in another order, as Marian / OPUS-MT does: the
+    sines of every frequency in the first half of the dimensions, their cosines in the second."""
     pos = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)
     inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    if layout == "halves":
+        return torch.cat([torch.sin(pos * inv_freq), torch.cos(pos * inv_freq[: d_model // 2])], dim=1).float()
     pe = torch.zeros(n_positions, d_model, dtype=torch.float64)
     pe[:, 0::2] = torch.sin(pos * inv_freq)
     pe[:, 1::2] = torch.cos(pos * inv_freq)
@@ -116,12 +121,18 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(out.transpose(1, 2).reshape(B, T, D))  # (B, T, d_model)
 
 
+ACTIVATIONS = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
+"""The feed-forward network's activations by `TransformerConfig.activation`."""
+
+
 class FeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2  (Section 3.3), with dropout on the ReLU's output
-    (tensor2tensor's relu_dropout)."""
+    (tensor2tensor's relu_dropout). `activation` swish (x * sigmoid(x)) or gelu replaces the
+    ReLU, as Marian / OPUS-MT and BERT-style models do."""
 
-    def __init__(self, d_model: int, d_ff: int, relu_dropout: float):
+    def __init__(self, d_model: int, d_ff: int, relu_dropout: float, activation: str = "relu"):
         super().__init__()
+        self.activation = activation
         self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
         self.dropout = nn.Dropout(relu_dropout)
         for lin in (self.fc1, self.fc2):
@@ -129,7 +140,7 @@ class FeedForward(nn.Module):
             nn.init.zeros_(lin.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.dropout(F.relu(self.fc1(x))))
+        return self.fc2(self.dropout(ACTIVATIONS[self.activation](self.fc1(x))))
 
 
 class Residual(nn.Module):
@@ -151,7 +162,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, self_attention=True)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.relu_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.relu_dropout, cfg.activation)
         self.attn_block = Residual(cfg.d_model, cfg.dropout, cfg.pre_ln)
         self.ffn_block = Residual(cfg.d_model, cfg.dropout, cfg.pre_ln)
 
@@ -165,7 +176,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, self_attention=True)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, self_attention=False)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.relu_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.relu_dropout, cfg.activation)
         self.self_block = Residual(cfg.d_model, cfg.dropout, cfg.pre_ln)
         self.cross_block = Residual(cfg.d_model, cfg.dropout, cfg.pre_ln)
         self.ffn_block = Residual(cfg.d_model, cfg.dropout, cfg.pre_ln)
@@ -219,7 +230,9 @@ class Transformer(nn.Module):
         else:
             self.output_proj = nn.Linear(d, cfg.tgt_vocab_size, bias=False)
             nn.init.normal_(self.output_proj.weight, mean=0.0, std=d**-0.5)
-        self.register_buffer("positions", sinusoidal_positions(cfg.max_positions, d), persistent=False)
+        # Marian's final_logits_bias; absent (not a zero vector) by default, so checkpoints keep their keys
+        self.output_bias = nn.Parameter(torch.zeros(cfg.tgt_vocab_size)) if cfg.output_bias else None
+        self.register_buffer("positions", sinusoidal_positions(cfg.max_positions, d, cfg.positions_layout), persistent=False)
         self.embed_scale = math.sqrt(d)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
@@ -279,21 +292,21 @@ class Transformer(nn.Module):
         raise AssertionError("the layer is one of the decoder's")
 
     def project(self, hidden: Tensor) -> Tensor:
-        """Pre-softmax linear transformation to vocabulary logits."""
-        return F.linear(hidden, self.output_weight)
+        """Pre-softmax linear transformation to vocabulary logits (+ `output_bias` if the model has one)."""
+        return F.linear(hidden, self.output_weight, self.output_bias)
 
     def project_fp32(self, hidden: Tensor) -> Tensor:
         """Logits in float32 from reduced-precision weights: rounding the logits to bf16 (8
         bits of mantissa) would tie or swap the candidates a beam search ranks."""
-        source = self.output_weight
+        source, bias = self.output_weight, self.output_bias
         if source.dtype == torch.float32 and hidden.dtype == torch.float32:
-            return F.linear(hidden, source)
+            return F.linear(hidden, source, bias)
         key = (source.data_ptr(), source._version)  # a training step changes _version
         cached = getattr(self, "_output_weight_fp32", None)
         if cached is None or cached[0] != key:
             cached = self._output_weight_fp32 = (key, source.detach().float())
         with torch.autocast(hidden.device.type, enabled=False):
-            return F.linear(hidden.float(), cached[1])
+            return F.linear(hidden.float(), cached[1], None if bias is None else bias.detach().float())
 
     def forward(self, src_tokens: Tensor, prev_tokens: Tensor, return_hidden: bool = False) -> Tensor:
         """Logits (B, T, tgt_vocab) of every next target token; with `return_hidden`, the

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from nmt.model.transformer import FeedForward
+from nmt.model.transformer import ACTIVATIONS, FeedForward
 from nmt.ops.bucketed_linear import BucketedLinear
 from nmt.ops.dropout import relu_dropout
 
@@ -17,12 +17,18 @@ class CpuFeedForward(FeedForward):
     """FFN(x) = max(0, x W1 + b1) W2 + b2 with `relu_dropout` (same parameters).
 
     In bucketed bf16 training (`nmt.ops.bucketed_linear`) the (rows x d_ff) activation stays
-    padded from fc1 to fc2, so it is neither copied nor kept twice (ReLU's and fc2's)."""
+    padded from fc1 to fc2, so it is neither copied nor kept twice (ReLU's and fc2's).
+    Another `activation` (swish, gelu) is followed by the layer's own dropout: it maps the
+    zero padding rows to zero too."""
+
+    def _activate(self, h: Tensor) -> Tensor:
+        if self.activation == "relu":
+            return relu_dropout(h, self.dropout.p, self.training)
+        return self.dropout(ACTIVATIONS[self.activation](h))
 
     def forward(self, x: Tensor) -> Tensor:
-        p = self.dropout.p
         if isinstance(self.fc1, BucketedLinear) and self.fc1.pads(x):
             rows = x.reshape(-1, x.size(-1))
-            h = relu_dropout(self.fc1.padded(rows), p, self.training)
+            h = self._activate(self.fc1.padded(rows))
             return self.fc2.padded(h)[: rows.size(0)].view(x.shape)
-        return self.fc2(relu_dropout(self.fc1(x), p, self.training))
+        return self.fc2(self._activate(self.fc1(x)))

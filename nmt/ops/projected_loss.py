@@ -1,6 +1,6 @@
 """The label-smoothed loss of `nmt.train.loss` fused with the vocabulary projection, a chunk of rows at a time.
 
-It equals `F.cross_entropy(hidden @ weight.T, target, label_smoothing=eps, reduction="sum")`
+It equals `F.cross_entropy(hidden @ weight.T (+ bias), target, label_smoothing=eps, reduction="sum")`
 (tests/test_loss.py checks it against `nmt.train.loss.label_smoothed_nll_loss`) without ever
 forming the (tokens x vocabulary) logits. With z = logits and lse = logsumexp(z) per row,
 -log p_k = lse - z_k, so
@@ -19,7 +19,7 @@ are still in cache. A second backward through the same graph is not possible.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -66,7 +66,7 @@ def _exp_and_losses(logits: Tensor, t: Tensor, epsilon: float) -> tuple[Tensor, 
 
 
 class ProjectedLogits(NamedTuple):
-    """Logits given as `hidden @ weight.T` in `dtype`, for the loss to form a chunk at a time.
+    """Logits given as `hidden @ weight.T` in `dtype` (+ `bias` in fp32), for the loss to form a chunk at a time.
 
     Training passes these instead of the (tokens x vocabulary) logits: the loss then never
     writes them out whole, nor their gradient (at 4096 tokens and 8k pieces, 131 MB each in
@@ -77,6 +77,7 @@ class ProjectedLogits(NamedTuple):
     weight: Tensor  # (V, d_model), the pre-softmax projection
     dtype: torch.dtype  # of the matrix products: bf16/fp16 under autocast, else the weight's
     row_multiple: int = 0  # > 0: the layers' row multiple; chunks shorter than min(chunk, it) are padded (`nmt.ops.bucketed_linear`)
+    bias: Optional[Tensor] = None  # (V,), the model's output_bias, added to the fp32 logits
 
 
 PROJECTED_CHUNK_ELEMENTS = 1 << 22
@@ -99,7 +100,7 @@ def projected_chunk_rows(vocab: int, device: torch.device) -> int:
 
 
 class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
-    """(loss sum, NLL sum) of hidden @ weight.T; gradients computed with the loss.
+    """(loss sum, NLL sum) of hidden @ weight.T (+ bias); gradients computed with the loss.
 
     The gradient of a sum-reduced loss is known up to the incoming scalar at forward time, so
     each chunk's (softmax - q') is multiplied into the hidden and weight gradients at once
@@ -109,7 +110,7 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, dtype: torch.dtype,
-                with_grad: bool, row_multiple: int) -> tuple[Tensor, Tensor]:
+                with_grad: bool, row_multiple: int, bias: Optional[Tensor]) -> tuple[Tensor, Tensor]:
         n, vocab = hidden.size(0), weight.size(0)
         with torch.autocast(hidden.device.type, enabled=False):
             h, w = hidden.to(dtype), weight.to(dtype)
@@ -117,6 +118,8 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
             nll_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
             grad_hidden = torch.empty_like(hidden) if with_grad else None
             grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if with_grad else None
+            b = None if bias is None else bias.float()
+            grad_bias = torch.zeros(vocab, dtype=torch.float32, device=hidden.device) if with_grad and b is not None else None
             step = projected_chunk_rows(vocab, hidden.device)
             # oneDNN builds a kernel per bf16 product shape (`nmt.ops.bucketed_linear`): short chunks are
             # padded with zero rows so that every chunk of every update has one shape.
@@ -128,13 +131,18 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
                     rows = zero_padded_rows(rows, pad_to, dtype)
                 # In bf16 the product is dropped once cast, and the fp32 softmax once d is made:
                 # the chunk's peak is one fp32 and one bf16 copy, not two bf16 and one fp32.
-                e, s, loss, nll = _exp_and_losses((rows @ w.t())[:r].float(), t, epsilon)
+                z = (rows @ w.t())[:r].float()
+                if b is not None:
+                    z += b
+                e, s, loss, nll = _exp_and_losses(z, t, epsilon)
                 loss_sum += loss
                 nll_sum += nll
                 if not with_grad:
                     continue  # validation: the softmax itself is not needed
                 d = _minus_smoothed_target(e.div_(s), t, epsilon, dtype)
                 del e
+                if grad_bias is not None:
+                    grad_bias += d.sum(0, dtype=torch.float32)
                 if rows.size(0) > r:
                     d = zero_padded_rows(d, rows.size(0), dtype)
                 grad_hidden[start : start + r] = (d @ w)[:r]
@@ -142,21 +150,23 @@ class _ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
                     grad_weight.addmm_(d.t(), rows)
                 else:
                     grad_weight += d.t() @ rows
-        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
         ctx.weight_dtype = weight.dtype
+        ctx.bias_dtype = None if bias is None else bias.dtype
         ctx.mark_non_differentiable(nll_sum)
         return loss_sum, nll_sum
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor | None, ...]:
-        grad_hidden, grad_weight = ctx.saved_tensors  # computed in forward whenever a graph is recorded
+        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors  # computed in forward whenever a graph is recorded
         g = grad_loss.float()
         return (grad_hidden.mul_(g.to(grad_hidden.dtype)), grad_weight.mul_(g).to(ctx.weight_dtype),
-                None, None, None, None, None)
+                None, None, None, None, None, None if grad_bias is None else grad_bias.mul_(g).to(ctx.bias_dtype))
 
 
 def projected_label_smoothed_nll_loss(logits: ProjectedLogits, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
-    """(smoothed loss sum, NLL sum) in nats, fp32, of `hidden @ weight.T` with gold ids `target` (N,)."""
-    hidden, weight, dtype, row_multiple = logits
-    with_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    return _ProjectedLabelSmoothedCrossEntropy.apply(hidden, weight, target, float(epsilon), dtype, with_grad, row_multiple)
+    """(smoothed loss sum, NLL sum) in nats, fp32, of `hidden @ weight.T (+ bias)` with gold ids `target` (N,)."""
+    hidden, weight, dtype, row_multiple, bias = logits
+    with_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad
+                                             or (bias is not None and bias.requires_grad))
+    return _ProjectedLabelSmoothedCrossEntropy.apply(hidden, weight, target, float(epsilon), dtype, with_grad, row_multiple, bias)

@@ -66,7 +66,7 @@ def forward_loss(model: torch.nn.Module, batch: Batch, label_smoothing: float, p
     # Products in the autocast dtype; the loss reads the logits in fp32 whatever that is, so
     # the ranking of probabilities and the smoothed sum are never rounded to bf16/fp16.
     logits = ProjectedLogits(hidden.flatten(0, 1).index_select(0, rows), weight, precision.dtype or weight.dtype,
-                             row_multiple)
+                             row_multiple, core.output_bias)
     return label_smoothed_nll_loss(logits, batch.target.flatten().index_select(0, rows), label_smoothing)
 
 

@@ -31,7 +31,8 @@ from nmt.errors import NmtError
 from nmt.train.config import TrainConfig
 
 ARCHITECTURE_FIELDS = ("arch", "d_model", "d_ff", "n_heads", "encoder_layers", "decoder_layers", "max_positions",
-                       "share_all_embeddings", "share_decoder_input_output_embed", "pre_ln")
+                       "share_all_embeddings", "share_decoder_input_output_embed", "pre_ln", "activation",
+                       "positions_layout", "output_bias")
 """Model flags that would make another model: a resume refuses them."""
 FIRST_LAUNCH_ONLY = ("restore_file", "finetune_from", "reset_optimizer", "reset_lr_scheduler", "reset_dataloader")
 """Flags that act once, on the launch that types them; never read back from a record."""
