@@ -7,6 +7,7 @@ On test_2016_flickr, each `nmt translate` command is timed whole, in its own pro
   - constrained: `--constraints` with 1-2 phrases per line sampled from the reference (one
     word or two adjacent words, punctuation stripped; seeded): BLEU should rise, and every
     phrase should be in every output;
+  - `--constraints` on the plain input (no line has a phrase): the plain search, as fast;
   - CTranslate2 agreement of `--prefix-file` (random reference prefixes of 1..n-1 words, none
     on every fifth line) with `--engine ctranslate2` (its target_prefix) on the run's export,
     both `--beam-style fairseq --lenpen-style avg`.
@@ -83,11 +84,14 @@ def main() -> None:
         (folder / "prefix.de").write_text("\n".join(prefixes) + "\n", encoding="utf-8")
         plain, plain_s = translate(args.run, folder / "src.en", *threads)
         constrained, constrained_s = translate(args.run, folder / "src.tsv", "--constraints", *threads)
+        unasked, unasked_s = translate(args.run, folder / "src.en", "--constraints", *threads)  # the flag, no phrases
         fair = ["--beam-style", "fairseq", "--lenpen-style", "avg", *threads]
         nmt_prefix, nmt_prefix_s = translate(args.run, folder / "src.en", "--prefix-file", str(folder / "prefix.de"), *fair)
         ct2_prefix, ct2_prefix_s = translate(args.run, folder / "src.en", "--prefix-file", str(folder / "prefix.de"),
                                              "--engine", "ctranslate2", *fair)
-    bleu = {name: sacrebleu.corpus_bleu(hyps, [ref]) for name, hyps in (("plain", plain), ("constrained", constrained))}
+    metric = sacrebleu.BLEU()
+    bleu = {name: metric.corpus_score(hyps, [ref]) for name, hyps in (("plain", plain), ("constrained", constrained))}
+    signature = str(metric.get_signature())
     met = sum(all(p in out for p in ps) for out, ps in zip(constrained, phrases))
     n_phrases = sum(map(len, phrases))
     agree = sum(a == b for a, b in zip(nmt_prefix, ct2_prefix))
@@ -97,6 +101,8 @@ def main() -> None:
         "constrained": {"bleu": round(bleu["constrained"].score, 2), "seconds": round(constrained_s, 2),
                         "sentences_per_s": round(len(src) / constrained_s, 1), "phrases": n_phrases,
                         "lines_with_every_phrase": met},
+        "constraints_flag_without_phrases": {"seconds": round(unasked_s, 2), "sentences_per_s": round(len(src) / unasked_s, 1),
+                                             "identical_to_plain": sum(a == b for a, b in zip(unasked, plain))},
         "prefix_nmt": {"seconds": round(nmt_prefix_s, 2), "lines_starting_with_prefix": starts},
         "prefix_ctranslate2": {"seconds": round(ct2_prefix_s, 2)},
     }
@@ -105,10 +111,12 @@ def main() -> None:
     print(f"constrained  BLEU {bleu['constrained'].score:.2f} ({bleu['constrained'].score - bleu['plain'].score:+.2f})  "
           f"{len(src) / constrained_s:.1f} sentences/s ({constrained_s / plain_s:.2f}x the time); "
           f"{met}/{len(src)} lines hold all of their {n_phrases} phrases")
+    print(f"--constraints on lines without phrases: {len(src) / unasked_s:.1f} sentences/s ({unasked_s / plain_s:.2f}x the time), "
+          f"{rows['constraints_flag_without_phrases']['identical_to_plain']}/{len(src)} lines identical to plain")
     print(f"prefix       nmt and CTranslate2 agree on {agree}/{len(src)} lines; {starts}/{len(src)} start with their prefix")
-    print(f"sacreBLEU    {sacrebleu.BLEU().get_signature()}")
+    print(f"sacreBLEU    {signature}")
     write_result(f"constraints-{args.run.name}", {"run": str(args.run), "lines": len(src), "threads": args.threads,
-                                                  "bleu_signature": str(sacrebleu.BLEU().get_signature()),
+                                                  "bleu_signature": signature,
                                                   "constrained_time_ratio": round(constrained_s / plain_s, 3),
                                                   "prefix_agreement_with_ctranslate2": agree, **rows})
 

@@ -188,8 +188,10 @@ class Translator:
         for name, given in (("prefixes", prefixes), ("constraints", constraints)):
             if given is not None and len(given) != n:
                 raise NmtError(f"{len(given)} {name} for {n} lines; give one per line")
-        prefix_ids = self._target_ids(list(prefixes) if prefixes else [""] * n)
         phrases = [[p for p in line_phrases if p.strip()] for line_phrases in (constraints or [[]] * n)]
+        if not any(phrases) and not any(p.strip() for p in prefixes or ()):
+            return None  # `--constraints` on lines without phrases: the plain search, no extra work
+        prefix_ids = self._target_ids(list(prefixes)) if prefixes else [[] for _ in range(n)]
         flat = self._target_ids([p for line_phrases in phrases for p in line_phrases])
         requests, at = [], 0
         for i, (seq, prefix) in enumerate(zip(ids, prefix_ids)):
