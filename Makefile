@@ -61,7 +61,7 @@ RUN ?= runs/multi30k-en-de
 bench-constraints: install
 	$(BIN)/python bench/bench_constraints.py $(RUN)
 
-# Alignment error rate of --print-alignment per decoder layer, on 30 hand-aligned Multi30k pairs.
+# Alignment error rate of --print-alignment per decoder layer, on 29 hand-aligned Multi30k pairs.
 bench-alignment: install
 	$(BIN)/python bench/alignment_aer.py $(RUN)
 

@@ -5,7 +5,7 @@
 The references of test_2016_flickr are forced through the model (teacher forcing, as
 `--prefix-file` with the whole reference would), and their word alignments are read from each
 decoder layer's attention with nmt's own merging (`nmt.inference.word_alignment`):
-  - AER on the 30 hand-aligned pairs of bench/data/multi30k_test2016_gold_alignments.tsv:
+  - AER on the 29 hand-aligned pairs of bench/data/multi30k_test2016_gold_alignments.tsv:
     1 - 2|A & S| / (|A| + |S|) (Och and Ney 2003, sure links only), next to the AER of the
     diagonal (target word j to source word j * |X| / |Y|), which short, mostly monotone
     Multi30k pairs make a strong baseline;

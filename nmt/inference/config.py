@@ -129,9 +129,8 @@ class AlignmentConfig:
     alignment_format: str = setting("hard", "hard: each output word with the source word it attends to most; "
                                             "soft: every output word's attention over the source words (rows sum to 1).")
     alignment_layer: int = setting(-1, "Decoder layer whose attention aligns (from 0; negative: from the end). -1: the "
-                                       "last, fairseq's default. On the gold set of bench/alignment_aer.py it is the best "
-                                       "layer of a trained `small`; a `mini` aligns 2.6 points better with -2 "
-                                       "(docs/translation.md).")
+                                       "last, fairseq's default. Which layer aligns best depends on the model: `make bench-alignment` "
+                                       "measures each (the recipe's `mini` aligned best with -2; docs/translation.md).")
 
     RANGES: ClassVar[dict[str, Range]] = {"alignment_layer": Range(-64, 63)}
     """The range of every numeric setting (`nmt.settings`); the model's depth is checked where it is known."""
