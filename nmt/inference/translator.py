@@ -168,12 +168,7 @@ class Translator:
 
     def _source_ids(self, lines: Sequence[str]) -> tuple[list[list[int]], int]:
         """The source ids of raw lines, cut to the model's positions, and how many were cut."""
-        texts = list(lines)
-        if self.moses_langs is not None:
-            from nmt.data.moses import moses_preprocess
-
-            texts = moses_preprocess(texts, self.moses_langs[0])
-        ids = self.src_tokenizer.encode(texts)
+        ids = self._encode(list(lines), side=0)
         limit = self.max_positions - 1  # eos takes the last position
         cut = sum(1 for seq in ids if len(seq) > limit)
         return [seq[:limit] for seq in ids] if cut else ids, cut
@@ -210,14 +205,18 @@ class Translator:
         return requests
 
     def _target_ids(self, texts: list[str]) -> list[list[int]]:
-        """Raw target text as the model's target ids (Moses-tokenized first when the run is)."""
+        """Raw target text (prefixes, phrases) as the model's target ids."""
+        return self._encode(texts, side=1)
+
+    def _encode(self, texts: list[str], side: int) -> list[list[int]]:
+        """Raw text of the source (side 0) or target (side 1) as ids, Moses-tokenized first when the run is."""
         if not texts:
             return []
         if self.moses_langs is not None:
             from nmt.data.moses import moses_preprocess
 
-            texts = moses_preprocess(texts, self.moses_langs[1])
-        return self.tgt_tokenizer.encode(texts)
+            texts = moses_preprocess(texts, self.moses_langs[side])
+        return (self.src_tokenizer, self.tgt_tokenizer)[side].encode(texts)
 
     def _alignment(self, attention: Optional[list[list[float]]], source: str, src_ids: Sequence[int], output: str,
                    tgt_ids: Sequence[int] = ()) -> Union[None, str, list[list[float]]]:

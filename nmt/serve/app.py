@@ -119,6 +119,13 @@ def _target_requests(data: dict[str, Any], lines: list[str], single: bool) -> tu
     return prefixes, phrases
 
 
+def _columns(items: Sequence[tuple[str, str, list[str]]]) -> tuple[list[str], Optional[list[str]], Optional[list[list[str]]]]:
+    """Texts, prefixes and constraint phrases of (text, prefix, phrases) sentences; None for
+    prefixes or phrases that no sentence has."""
+    texts, prefixes, phrases = (list(column) for column in zip(*items)) if items else ([], [], [])
+    return texts, prefixes if any(prefixes) else None, phrases if any(phrases) else None
+
+
 def _search_overrides(data: dict[str, Any], cfg: ServeConfig) -> dict[str, Any]:
     search: dict[str, Any] = {}
     for name in ("beam", "nbest"):
@@ -184,21 +191,17 @@ class TranslationService:
         self.architecture = _architecture(self.model)
 
     def _translate(self, items: Sequence[tuple[str, str, list[str]]], search: dict[str, Any]) -> list[Any]:
-        texts = [text for text, _, _ in items]
-        prefixes = [prefix for _, prefix, _ in items]
-        phrases = [p for _, _, p in items]
-        return self.model.translate_lines(texts, prefixes if any(prefixes) else None, phrases if any(phrases) else None,
-                                          **search)
+        texts, prefixes, phrases = _columns(items)
+        return self.model.translate_lines(texts, prefixes, phrases, **search)
 
     def check_requests(self, items: Sequence[tuple[str, str, list[str]]], search: dict[str, Any]) -> None:
         """Refuse, before the batcher, a sentence whose prefix and constraints the model cannot
         take (a failing model call would fail the other clients' sentences of the call)."""
-        prefixes = [prefix for _, prefix, _ in items]
-        phrases = [p for _, _, p in items]
-        if not any(prefixes) and not any(phrases):
+        texts, prefixes, phrases = _columns(items)
+        if prefixes is None and phrases is None:
             return
         try:
-            self.model.with_search(**search).check_requests([t for t, _, _ in items], prefixes, phrases)
+            self.model.with_search(**search).check_requests(texts, prefixes, phrases)
         except NmtError as e:
             raise ClientError(400, str(e).replace("line ", "text ", 1).replace("--", "")) from None
 
