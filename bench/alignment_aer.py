@@ -99,7 +99,7 @@ def word_links(tr: Any, src: list[str], ref: list[str], lines: Iterable[int], la
     from nmt.inference.source_attention import attach_attention
 
     decoder = tr.decoder
-    surfaces = wa.piece_surfaces(tr.src_tokenizer.pieces()), wa.piece_surfaces(tr.tgt_tokenizer.pieces())
+    surfaces = wa.piece_surfaces(tr.src_tokenizer.pieces(), tr.src_tokenizer.special_ids), wa.piece_surfaces(tr.tgt_tokenizer.pieces(), tr.tgt_tokenizer.special_ids)
     lines = list(lines)
     out = {}
     for start in range(0, len(lines), batch):

@@ -309,7 +309,7 @@ def _reference_search(model: Transformer, src: torch.Tensor, cfg: SearchConfig) 
     """
     lp = LengthPenalty(cfg.lenpen, cfg.lenpen_style)
     k, style = cfg.beam, cfg.beam_style
-    max_len = int(max_output_lengths(src, cfg, model.cfg.max_positions)[0])
+    max_len = int(max_output_lengths(src, cfg, model.cfg.max_positions, model.cfg.pad_id)[0])
     alive: list[tuple[float, list[int]]] = [(0.0, [])]
     finished: list[Hypothesis] = []
     width = k

@@ -65,7 +65,7 @@ def test_topk_1_is_greedy_search():
     search = SearchConfig(beam=1, max_len_b=10)
     drawn = [h[0].tokens for h in sample(model, src, SamplingConfig(sampling=True, sampling_topk=1, temperature=0.7),
                                          search, torch.Generator().manual_seed(5))]
-    assert drawn == _greedy_without_cache(model, src, max_output_lengths(src, search, 40))
+    assert drawn == _greedy_without_cache(model, src, max_output_lengths(src, search, 40, model.cfg.pad_id))
     assert drawn == [h[0].tokens for h in beam_search(model, src, search)]
 
 

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from nmt.data.token_arrays import TokenArray
 from nmt.ops.bucketed_linear import padded_length
-from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from nmt.model.config import NMT_SPECIAL_IDS, SpecialIds
 
 
 @dataclass
@@ -121,21 +121,23 @@ def _greedy_batch_ends(src_len: np.ndarray, tgt_len: np.ndarray, max_tokens: int
     return ends
 
 
-def collate(src: TokenArray, tgt: TokenArray, ids: np.ndarray, len_multiple: int = 1) -> Batch:
-    """Pad one batch: sources get eos, decoder inputs bos + target, outputs target + eos.
+def collate(src: TokenArray, tgt: TokenArray, ids: np.ndarray, len_multiple: int = 1,
+            specials: SpecialIds = NMT_SPECIAL_IDS) -> Batch:
+    """Pad one batch: sources get eos, decoder inputs bos + target, outputs target + eos
+    (`specials`: the vocabulary's ids of pad, bos and eos).
 
     Widths are rounded up to `len_multiple`. Padding is masked and never counted, so it
     changes no result; it bounds the number of distinct shapes, and with it the kernels that
     oneDNN compiles (and caches, in memory that grows with each new shape) for bf16 matmuls.
     """
     ids = np.asarray(ids, dtype=np.int64)
-    src_ids, src_lens = padded_sources(src, ids, multiple=len_multiple)  # (B, S): sentence, eos
-    tgt_ids, tgt_lens = _padded(tgt, ids, extra=1, multiple=len_multiple)  # (B, T)
+    src_ids, src_lens = padded_sources(src, ids, multiple=len_multiple, specials=specials)  # (B, S): sentence, eos
+    tgt_ids, tgt_lens = _padded(tgt, ids, extra=1, multiple=len_multiple, pad=specials.pad)  # (B, T)
     rows = np.arange(len(ids))
     prev = np.empty_like(tgt_ids)  # bos + target, shifted right
-    prev[:, 0] = BOS_ID
+    prev[:, 0] = specials.bos
     prev[:, 1:] = tgt_ids[:, :-1]
-    tgt_ids[rows, tgt_lens] = EOS_ID
+    tgt_ids[rows, tgt_lens] = specials.eos
     return Batch(torch.from_numpy(src_ids), torch.from_numpy(prev), torch.from_numpy(tgt_ids),
                  int(src_lens.sum()) + len(ids), int(tgt_lens.sum()) + len(ids))
 
@@ -153,28 +155,30 @@ class Sentences(NamedTuple):
         return cls(tokens, np.concatenate(([0], np.cumsum(lens))))
 
 
-def padded_sources(side: TokenArray | Sentences, ids: np.ndarray, multiple: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def padded_sources(side: TokenArray | Sentences, ids: np.ndarray, multiple: int = 1,
+                   specials: SpecialIds = NMT_SPECIAL_IDS) -> tuple[np.ndarray, np.ndarray]:
     """The encoder's input (B, S): sentences `ids` of `side`, each followed by eos, right-padded
-    with PAD_ID to the longest one's length + 1, rounded up to `multiple`; and the sentences'
+    with pad to the longest one's length + 1, rounded up to `multiple`; and the sentences'
     lengths without eos. Every source the model reads is laid out here: training and validation
     batches (`collate`), validation BLEU, and translation (`source_tensor`)."""
-    out, lens = _padded(side, ids, extra=1, multiple=multiple)
-    out[np.arange(len(ids)), lens] = EOS_ID
+    out, lens = _padded(side, ids, extra=1, multiple=multiple, pad=specials.pad)
+    out[np.arange(len(ids)), lens] = specials.eos
     return out, lens
 
 
-def source_tensor(seqs: Sequence[Sequence[int]]) -> Tensor:
+def source_tensor(seqs: Sequence[Sequence[int]], specials: SpecialIds = NMT_SPECIAL_IDS) -> Tensor:
     """`padded_sources` of sentences given as lists of ids (a translation batch), as a long tensor."""
-    return torch.from_numpy(padded_sources(Sentences.of(seqs), np.arange(len(seqs)))[0])
+    return torch.from_numpy(padded_sources(Sentences.of(seqs), np.arange(len(seqs)), specials=specials)[0])
 
 
-def _padded(side: TokenArray | Sentences, ids: np.ndarray, extra: int, multiple: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """Sentences `ids` of one side, left-aligned in a PAD_ID array with `extra` spare columns,
+def _padded(side: TokenArray | Sentences, ids: np.ndarray, extra: int, multiple: int = 1,
+            pad: int = NMT_SPECIAL_IDS.pad) -> tuple[np.ndarray, np.ndarray]:
+    """Sentences `ids` of one side, left-aligned in an array of `pad` with `extra` spare columns,
     gathered in one vectorised read of the memory-mapped ids; and their lengths."""
     starts = np.asarray(side.offsets[ids], dtype=np.int64)
     lens = np.asarray(side.offsets[ids + 1], dtype=np.int64) - starts
     width = int(padded_length(np.int64(lens.max(initial=0) + extra), multiple))
-    out = np.full((len(ids), width), PAD_ID, dtype=np.int64)
+    out = np.full((len(ids), width), pad, dtype=np.int64)
     total = int(lens.sum())
     if total:
         row = np.repeat(np.arange(len(ids)), lens)

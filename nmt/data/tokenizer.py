@@ -1,8 +1,11 @@
-"""Subword tokenizers behind one small interface: SentencePiece (BPE, unigram) and WordPiece.
+"""Subword tokenizers behind one small interface: SentencePiece (BPE, unigram), WordPiece, and
+Marian's pair of SentencePiece models numbered by one vocab.json (`nmt import`).
 
-Every vocabulary uses the same special ids, so the model and the data never need to ask:
-pad=0, unk=1, bos=2, eos=3. Sources and targets are stored without specials; the batcher
-appends eos (and the decoder input starts with bos).
+Every vocabulary nmt learns uses the same special ids: pad=0, unk=1, bos=2, eos=3; an imported
+Marian vocabulary has its own (eos 0, unk 1, pad last), and each tokenizer says which
+(`special_ids`), which the run records and the model's configuration copies. Sources and
+targets are stored without specials; the batcher appends eos (and the decoder input starts
+with bos).
 
 WordPiece (the paper's En-Fr setup, Wu et al. 2016) is HF tokenizers' WordPiece model over a
 whitespace-marking pre-tokenizer (Metaspace, "▁" before each word, punctuation split off),
@@ -19,7 +22,7 @@ from pathlib import Path
 from typing import Iterable, Optional, Protocol, Sequence
 
 from nmt.errors import NmtError
-from nmt.model.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F401  (the ids every vocabulary gives them)
+from nmt.model.config import BOS_ID, EOS_ID, NMT_SPECIAL_IDS, PAD_ID, UNK_ID, SpecialIds  # noqa: F401  (the ids nmt's vocabularies give them)
 
 SPECIAL_TOKENS = ["<pad>", "<unk>", "<s>", "</s>"]
 VOCAB_TYPES = ("bpe", "unigram", "wordpiece")
@@ -32,6 +35,7 @@ class Tokenizer(Protocol):
     """Text <-> token ids, batched so the heavy lifting stays in C++/Rust."""
 
     vocab_size: int
+    special_ids: SpecialIds
 
     def encode(self, lines: Sequence[str]) -> list[list[int]]: ...
 
@@ -42,6 +46,8 @@ class Tokenizer(Protocol):
 
 class SentencePieceTokenizer:
     """A SentencePiece model (BPE or unigram) with nmt's special ids."""
+
+    special_ids = NMT_SPECIAL_IDS
 
     def __init__(self, path: str | os.PathLike, num_threads: int = 0):
         import sentencepiece as spm
@@ -65,6 +71,8 @@ class SentencePieceTokenizer:
 
 class WordPieceTokenizer:
     """An HF tokenizers WordPiece model with nmt's special ids and exact decoding."""
+
+    special_ids = NMT_SPECIAL_IDS
 
     def __init__(self, path: str | os.PathLike, num_threads: int = 0):
         from tokenizers import Tokenizer as HFTokenizer
@@ -92,13 +100,80 @@ class WordPieceTokenizer:
         return [self.tok.id_to_token(i) for i in range(self.vocab_size)]
 
 
+MARIAN_VOCAB = "vocab.json"
+"""The id table beside Marian's `source.spm` and `target.spm` (an OPUS-MT folder, `nmt import`)."""
+MARIAN_SPECIALS = {"eos": "</s>", "unk": "<unk>", "pad": "<pad>"}
+
+
+class MarianTokenizer:
+    """One side of a Marian / OPUS-MT model: its SentencePiece model (`source.spm` or
+    `target.spm`) cuts text into pieces, and the `vocab.json` both sides share gives each
+    piece its id; a piece missing from the table is <unk>. This is what transformers'
+    MarianTokenizer does (a leading language token such as ">>fra<<", for models with
+    several target languages, is kept as one piece), so ids are the ones the model was
+    trained with. Marian has no <s>: its decoder starts from <pad>."""
+
+    def __init__(self, path: str | os.PathLike, num_threads: int = 0):
+        import json
+
+        import sentencepiece as spm
+
+        self.path = Path(path)
+        self.sp = spm.SentencePieceProcessor(model_file=str(path))
+        table_path = self.path.parent / MARIAN_VOCAB
+        try:
+            table = json.loads(table_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise NmtError(f"{table_path} is not a readable vocabulary ({type(e).__name__}); re-run `nmt import`") from None
+        if not isinstance(table, dict) or sorted(table.values()) != list(range(len(table))):
+            raise NmtError(f"{table_path} must map pieces to the ids 0..N-1, each once; re-run `nmt import`")
+        missing = [piece for piece in MARIAN_SPECIALS.values() if piece not in table]
+        if missing:
+            raise NmtError(f"{table_path} has no {', '.join(missing)}; a Marian vocabulary needs </s>, <unk> and <pad>")
+        self.ids = table
+        self._pieces = sorted(table, key=table.__getitem__)
+        self.vocab_size = len(table)
+        pad = table["<pad>"]
+        self.special_ids = SpecialIds(pad=pad, unk=table["<unk>"], bos=pad, eos=table["</s>"])
+        self._skipped = {pad, self.special_ids.eos}
+        self.num_threads = num_threads if num_threads > 0 else (os.cpu_count() or 1)
+
+    def encode(self, lines: Sequence[str]) -> list[list[int]]:
+        codes, texts = zip(*(_language_code(line) for line in lines)) if lines else ((), ())
+        pieces = self.sp.encode(list(texts), out_type=str, num_threads=self.num_threads)
+        ids, unk = self.ids, self.special_ids.unk
+        return [[ids.get(p, unk) for p in (*code, *seq)] for code, seq in zip(codes, pieces)]
+
+    def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
+        # <unk> is kept: SentencePiece decodes its own <unk> piece as UNK_SURFACE.
+        # A piece of the other side's model (both share vocab.json) is not this model's, so
+        # its "▁" survives decode_pieces: replaced by a space afterwards, as transformers does.
+        pieces, skipped = self._pieces, self._skipped
+        return [self.sp.decode_pieces([pieces[i] for i in seq if i not in skipped]).replace("▁", " ").strip()
+                for seq in ids]
+
+    def pieces(self) -> list[str]:
+        """The vocabulary, in id order."""
+        return list(self._pieces)
+
+
+def _language_code(line: str) -> tuple[tuple[str, ...], str]:
+    """(">>xx<<",), rest for a line that starts with a language token; (), line otherwise."""
+    if line.startswith(">>") and (end := line.find("<<")) != -1:
+        return (line[: end + 2],), line[end + 2 :]
+    return (), line
+
+
 def load_tokenizer(path: str | os.PathLike, num_threads: int = 0) -> Tokenizer:
-    """Load a tokenizer written by `train_tokenizer` (`.model`: SentencePiece, `.json`: WordPiece)."""
+    """Load a tokenizer written by `train_tokenizer` (`.model`: SentencePiece, `.json`:
+    WordPiece) or by `nmt import` (`.spm` beside a `vocab.json`: Marian)."""
     path = Path(path)
     if not path.is_file():
         raise NmtError(f"vocabulary not found: {path}; run `nmt preprocess` first")
     if path.suffix == ".json":
         return WordPieceTokenizer(path, num_threads)
+    if path.suffix == ".spm":
+        return MarianTokenizer(path, num_threads)
     return SentencePieceTokenizer(path, num_threads)
 
 

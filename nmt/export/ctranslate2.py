@@ -38,7 +38,6 @@ from typing import Any, Callable, Optional
 
 from nmt.errors import NmtError
 from nmt.run.replace import check_replaceable, holds_only
-from nmt.data.tokenizer import BOS_ID, EOS_ID, UNK_ID
 
 QUANTIZATIONS = ("int8", "int8_float32", "float16", "bfloat16")
 EXPORT_RECORD = "nmt_export.json"
@@ -93,9 +92,7 @@ def is_export(folder: Path) -> bool:
 
 def vocabulary_tokens(tokenizer: Any) -> list[str]:
     """The token string of every id, in id order (CTranslate2 maps tokens to ids by position)."""
-    if hasattr(tokenizer, "sp"):
-        return [tokenizer.sp.id_to_piece(i) for i in range(tokenizer.vocab_size)]
-    return [tokenizer.tok.id_to_token(i) for i in range(tokenizer.vocab_size)]
+    return tokenizer.pieces()
 
 
 def alignment_layer(decoder_layers: int) -> int:
@@ -164,10 +161,10 @@ def _fill_spec(model: Any, src_tokens: list[str], tgt_tokens: list[str]) -> Any:
 
     spec.register_source_vocabulary(src_tokens)
     spec.register_target_vocabulary(tgt_tokens)
-    spec.config.unk_token = tgt_tokens[UNK_ID]
-    spec.config.bos_token = tgt_tokens[BOS_ID]
-    spec.config.eos_token = tgt_tokens[EOS_ID]
-    spec.config.decoder_start_token = tgt_tokens[BOS_ID]  # nmt's decoder input starts with bos
+    spec.config.unk_token = tgt_tokens[cfg.unk_id]
+    spec.config.bos_token = tgt_tokens[cfg.bos_id]
+    spec.config.eos_token = tgt_tokens[cfg.eos_id]
+    spec.config.decoder_start_token = tgt_tokens[cfg.bos_id]  # the decoder starts from bos (Marian's: <pad>)
     spec.config.add_source_eos = True  # nmt's sources end with eos
     spec.config.add_source_bos = False
     return spec

@@ -56,7 +56,7 @@ from torch import Tensor
 from nmt.errors import NmtError
 from nmt.model.incremental import DecoderState
 from nmt.model.transformer import Transformer
-from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from nmt.model.config import SpecialIds
 from nmt.inference.config import LENPEN_STYLES, SearchConfig
 from nmt.inference.hypothesis import Hypothesis
 
@@ -91,9 +91,17 @@ class LengthPenalty:
         return log_prob / self(length)
 
 
-def max_output_lengths(src_tokens: Tensor, cfg: SearchConfig, max_positions: int) -> Tensor:
+def special_ids(models: Sequence[Transformer]) -> SpecialIds:
+    """The special ids the models share (an ensemble of models with other ids is refused)."""
+    ids = {m.cfg.special_ids for m in models}
+    if len(ids) != 1:
+        raise NmtError("the ensembled checkpoints have different special token ids; ensemble models of one run")
+    return ids.pop()
+
+
+def max_output_lengths(src_tokens: Tensor, cfg: SearchConfig, max_positions: int, pad_id: int) -> Tensor:
     """Tokens each sentence may generate before eos (`SearchConfig.max_output_length`), (N,)."""
-    src_len = (src_tokens.ne(PAD_ID).sum(1) - 1).tolist()  # |X| excludes eos; once per batch
+    src_len = (src_tokens.ne(pad_id).sum(1) - 1).tolist()  # |X| excludes eos; once per batch
     return torch.tensor([cfg.max_output_length(n, max_positions) for n in src_len], device=src_tokens.device)
 
 
@@ -125,6 +133,7 @@ def row_candidates(models: Sequence[Transformer], states: Sequence[DecoderState]
     averages its members' log-probabilities. `asked` (rows, E) token ids also get their
     log-probabilities (pad asks for nothing: -inf)."""
     hidden = [m.decode_step_hidden(tokens, s) for m, s in zip(models, states)]
+    ids = models[0].cfg.special_ids
     n_rows = tokens.numel()
     vocab = models[0].cfg.tgt_vocab_size
     block = n_rows if tokens.device.type != "cpu" else max(1, LOGIT_BLOCK_ELEMENTS // vocab)
@@ -140,10 +149,10 @@ def row_candidates(models: Sequence[Transformer], states: Sequence[DecoderState]
             scores = lprobs if scores is None else scores.add_(lprobs)
         if len(models) > 1:
             scores.div_(len(models))
-        scores[:, PAD_ID] = float("-inf")
-        scores[:, BOS_ID] = float("-inf")
+        scores[:, ids.pad] = float("-inf")
+        scores[:, ids.bos] = float("-inf")
         log_probs[rows], best[rows] = _row_topk(scores, per_row)
-        eos[rows] = scores[:, EOS_ID]
+        eos[rows] = scores[:, ids.eos]
         if asked is not None:
             asked_log_probs[rows] = scores.gather(1, asked[rows])
     return RowCandidates(log_probs, best, eos, asked_log_probs)
@@ -162,10 +171,11 @@ def _row_topk(scores: Tensor, w: int, block: int = 64) -> tuple[Tensor, Tensor]:
     return values, best_blocks.gather(1, pos // block) * block + pos % block
 
 
-def _prefix_tensors(prefixes: Optional[Sequence[Sequence[int]]], n_sent: int, device: torch.device) -> tuple[Tensor, Tensor]:
+def _prefix_tensors(prefixes: Optional[Sequence[Sequence[int]]], n_sent: int, device: torch.device,
+                    pad_id: int) -> tuple[Tensor, Tensor]:
     """(N, P) prefix tokens (right-padded) and (N,) their lengths; P is 0 without prefixes."""
     lengths = [len(p) for p in prefixes] if prefixes is not None else [0] * n_sent
-    prefix = torch.full((n_sent, max(lengths, default=0)), PAD_ID, dtype=torch.long)
+    prefix = torch.full((n_sent, max(lengths, default=0)), pad_id, dtype=torch.long)
     for i, p in enumerate(prefixes or []):
         prefix[i, : len(p)] = torch.tensor(p, dtype=torch.long)
     return prefix.to(device), torch.tensor(lengths, dtype=torch.long, device=device)
@@ -192,6 +202,7 @@ def beam_search(
     cfg.validate()
     if len({m.cfg.tgt_vocab_size for m in models}) != 1:
         raise NmtError("the ensembled checkpoints have different target vocabularies; ensemble models of one run")
+    ids = special_ids(models)
     lp = LengthPenalty(cfg.lenpen, cfg.lenpen_style)
     style, k, nbest = cfg.beam_style, cfg.beam, cfg.nbest
     device = src_tokens.device
@@ -206,9 +217,9 @@ def beam_search(
 
     # Per active sentence.
     sent_id = torch.arange(n_sent, device=device)  # index into the batch
-    max_len = max_output_lengths(src_tokens, cfg, min(m.cfg.max_positions for m in models))
+    max_len = max_output_lengths(src_tokens, cfg, min(m.cfg.max_positions for m in models), ids.pad)
     forcing = prefixes is not None and any(prefixes)  # without, a step runs no prefix bookkeeping at all
-    prefix, prefix_len = _prefix_tensors(prefixes if forcing else None, n_sent, device)
+    prefix, prefix_len = _prefix_tensors(prefixes if forcing else None, n_sent, device, ids.pad)
     if forcing and bool((prefix_len > max_len).any()):
         raise NmtError("a target prefix is longer than its sentence's output length limit (--max-len-a, --max-len-b)")
     width = torch.full((n_sent,), k, dtype=torch.long, device=device)  # shrink: beam slots still open
@@ -221,7 +232,7 @@ def beam_search(
     logp = torch.full((n_sent, width_rows), neg_inf, device=device)
     logp[:, 0] = 0.0
     first_row = torch.arange(n_sent, device=device)[:, None] * width_rows  # (N, 1)
-    tokens = torch.full((n_sent * width_rows,), BOS_ID, dtype=torch.long, device=device)
+    tokens = torch.full((n_sent * width_rows,), ids.bos, dtype=torch.long, device=device)
     history = torch.empty(n_sent * width_rows, 0, dtype=torch.long, device=device)  # (rows, t) tokens so far
     finished: list[list[tuple[float, float, list[int]]]] = [[] for _ in range(n_sent)]
     rank = torch.arange(n_cand, device=device)
@@ -243,13 +254,13 @@ def beam_search(
             rows = at_limit.repeat_interleave(width_rows)
             row_vals[rows] = neg_inf
             row_vals[rows, 0] = cands.eos[rows]
-            row_tok[rows, 0] = EOS_ID
+            row_tok[rows, 0] = ids.eos
         row_vals += logp.view(-1, 1)
         cand_logp, cand_pos = row_vals.view(n_active, width_rows * per_row).topk(n_cand, dim=1)  # sorted, best first
         cand_slot = cand_pos // per_row  # which of the sentence's rows each candidate extends
         cand_tok = row_tok.view(n_active, width_rows * per_row).gather(1, cand_pos)
         valid = cand_logp > neg_inf
-        is_eos = cand_tok == EOS_ID
+        is_eos = cand_tok == ids.eos
         after_prefix = (prefix_len == step) & (prefix_len > 0) if forcing else None
         if after_prefix is not None and bool(after_prefix.any()):  # only the best may end: a lower eos becomes a dead slot
             dropped = after_prefix[:, None] & is_eos & (rank > 0)

@@ -35,9 +35,8 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from nmt.errors import NmtError
-from nmt.inference.beam_search import LengthPenalty, max_output_lengths, row_candidates
+from nmt.inference.beam_search import LengthPenalty, max_output_lengths, row_candidates, special_ids
 from nmt.inference.config import SearchConfig
 from nmt.inference.hypothesis import Hypothesis, TargetRequest
 from nmt.model.transformer import Transformer
@@ -145,7 +144,9 @@ def constrained_beam_search(
     device = src_tokens.device
     neg_inf = float("-inf")
 
-    limits = max_output_lengths(src_tokens, cfg, min(m.cfg.max_positions for m in models)).tolist()
+    special = special_ids(models)
+    eos = special.eos
+    limits = max_output_lengths(src_tokens, cfg, min(m.cfg.max_positions for m in models), special.pad).tolist()
     sentences = []
     for i, (request, limit) in enumerate(zip(requests, limits)):
         if len(request.prefix) + sum(map(len, request.constraints)) > limit:
@@ -154,12 +155,12 @@ def constrained_beam_search(
         sentences.append(_Sentence(i, limit, tuple(request.prefix), [start] + [None] * (k - 1)))
     states = [m.init_decoder_state(m.encode(src_tokens), beam=k) for m in models]
     active = list(sentences)
-    tokens = torch.full((len(active) * k,), BOS_ID, dtype=torch.long, device=device)
+    tokens = torch.full((len(active) * k,), special.bos, dtype=torch.long, device=device)
     step = 0
     while active:
         asked_lists = [sorted(h.state.next_tokens()) if h is not None else [] for s in active for h in s.alive]
         width = max(1, max(map(len, asked_lists)))
-        asked = torch.full((len(asked_lists), width), PAD_ID, dtype=torch.long)
+        asked = torch.full((len(asked_lists), width), special.pad, dtype=torch.long)
         for r, ids in enumerate(asked_lists):
             asked[r, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         cands = row_candidates(models, states, tokens, per_row, asked.to(device))
@@ -179,7 +180,7 @@ def constrained_beam_search(
                 if forced:
                     scored[(slot, sent.prefix[step])] = 0.0  # a prefix is not scored (see nmt.inference.beam_search)
                 elif at_limit:
-                    scored[(slot, EOS_ID)] = hyp.log_prob + eos_vals[r]
+                    scored[(slot, eos)] = hyp.log_prob + eos_vals[r]
                 else:
                     for v, t in zip(best_vals[r], best_toks[r]):
                         scored[(slot, t)] = hyp.log_prob + v
@@ -187,13 +188,13 @@ def constrained_beam_search(
                         scored[(slot, t)] = hyp.log_prob + v
             # eos may not end a hypothesis that misses a phrase (but must, at the limit)
             ranked = sorted(((v, slot, t) for (slot, t), v in scored.items()
-                             if v > neg_inf and (t != EOS_ID or at_limit or sent.alive[slot].state.complete)),
+                             if v > neg_inf and (t != eos or at_limit or sent.alive[slot].state.complete)),
                             key=lambda c: -c[0])
             after_prefix = step == len(sent.prefix) > 0  # only the best may end there, as in the plain search
             growing = []
             for rank, (v, slot, t) in enumerate(ranked):
                 hyp = sent.alive[slot]
-                if t == EOS_ID:
+                if t == eos:
                     if at_limit or (rank < ends_within and not (after_prefix and rank > 0)):
                         score = lp.score(v, float(step + 1))
                         sent.finished.append((hyp.state.complete, score, v, hyp.tokens))
@@ -216,7 +217,7 @@ def constrained_beam_search(
                 alive.append(_Hyp(v, sent.alive[slot].tokens + [t], state))
             for _ in range(k - len(chosen)):  # dead slots: any row, never chosen again
                 parents.append(a * k)
-                next_tokens.append(EOS_ID)
+                next_tokens.append(eos)
                 alive.append(None)
             sent.alive = alive
             still.append(a)

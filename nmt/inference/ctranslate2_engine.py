@@ -35,7 +35,7 @@ from nmt.errors import NmtError
 from nmt.export.ctranslate2 import export_ctranslate2, import_ctranslate2, read_export_record, vocabulary_tokens
 from nmt.run.identity import identity_difference, run_identity, tokenizer_sha256
 from nmt.run.directory import RunDir
-from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from nmt.data.tokenizer import Tokenizer
 from nmt.inference.config import SearchConfig, TranslateConfig, resolve_inter_threads
 
 
@@ -148,8 +148,9 @@ class CTranslate2Decoder:
         self.src_pieces = vocabulary_tokens(src_tokenizer)
         tgt_pieces = self.tgt_pieces = vocabulary_tokens(tgt_tokenizer)
         self.tgt_ids = {piece: i for i, piece in enumerate(tgt_pieces)}
-        self.suppress = [[tgt_pieces[PAD_ID]], [tgt_pieces[BOS_ID]]]
-        self.eos_piece = tgt_pieces[EOS_ID]
+        ids = tgt_tokenizer.special_ids
+        self.suppress = [[tgt_pieces[ids.pad]], [tgt_pieces[ids.bos]]]
+        self.eos_piece = tgt_pieces[ids.eos]
 
     def decode(self, ids: list[list[int]], search: SearchConfig, requests: Optional[Sequence[TargetRequest]] = None,
                alignment_layer: Optional[int] = None) -> list[list[Hypothesis]]:

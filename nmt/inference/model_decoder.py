@@ -114,7 +114,7 @@ class ModelDecoder:
 
     def _source_tensor(self, seqs: list[list[int]]) -> torch.Tensor:
         """(B, S) right-padded with pad, each sentence followed by eos (`nmt.data.batching.padded_sources`)."""
-        return source_tensor(seqs).to(self.device, non_blocking=True)
+        return source_tensor(seqs, self.models[0].cfg.special_ids).to(self.device, non_blocking=True)
 
 
 @contextmanager

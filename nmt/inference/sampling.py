@@ -23,11 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nmt.inference.beam_search import max_output_lengths
+from nmt.inference.beam_search import max_output_lengths, special_ids
 from nmt.inference.hypothesis import Hypothesis
 from nmt.model.transformer import Transformer
 from nmt.inference.sampling_config import SamplingConfig
-from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from nmt.inference.config import SearchConfig
 
 
@@ -63,29 +62,30 @@ def sample(models: Union[Transformer, Sequence[Transformer]], src_tokens: Tensor
     models = [models] if isinstance(models, Transformer) else list(models)
     cfg.validate()
     n_sent, device = src_tokens.size(0), src_tokens.device
+    ids = special_ids(models)
     states = [m.init_decoder_state(m.encode(src_tokens)) for m in models]
-    max_len = max_output_lengths(src_tokens, search, min(m.cfg.max_positions for m in models))  # (N,)
-    tokens = torch.full((n_sent,), BOS_ID, dtype=torch.long, device=device)
+    max_len = max_output_lengths(src_tokens, search, min(m.cfg.max_positions for m in models), ids.pad)  # (N,)
+    tokens = torch.full((n_sent,), ids.bos, dtype=torch.long, device=device)
     log_prob = torch.zeros(n_sent, dtype=torch.float64, device=device)
     ended = torch.zeros(n_sent, dtype=torch.bool, device=device)
     steps: list[Tensor] = []
     for step in range(int(max_len.max()) + 1):
         lprobs = _log_probs(models, states, tokens)  # (N, V)
-        lprobs[:, PAD_ID] = float("-inf")
-        lprobs[:, BOS_ID] = float("-inf")
+        lprobs[:, ids.pad] = float("-inf")
+        lprobs[:, ids.bos] = float("-inf")
         logits = restrict(lprobs / cfg.temperature, cfg.sampling_topk, cfg.sampling_topp)
         drawn = torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)[:, 0]
-        drawn = torch.where(max_len == step, EOS_ID, drawn)
-        drawn = torch.where(ended, PAD_ID, drawn)
+        drawn = torch.where(max_len == step, ids.eos, drawn)
+        drawn = torch.where(ended, ids.pad, drawn)
         log_prob += torch.where(ended, 0.0, lprobs.gather(1, drawn[:, None])[:, 0].double())
         steps.append(drawn)
-        ended |= drawn == EOS_ID
+        ended |= drawn == ids.eos
         if bool(ended.all()):
             break
         tokens = drawn
     out = torch.stack(steps, dim=1).tolist()  # (N, T)
     hyps = []
     for row, lp in zip(out, log_prob.tolist()):
-        toks = row[: row.index(EOS_ID)] if EOS_ID in row else row
+        toks = row[: row.index(ids.eos)] if ids.eos in row else row
         hyps.append([Hypothesis(tokens=toks, score=lp, log_prob=lp)])
     return hyps

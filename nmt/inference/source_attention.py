@@ -14,7 +14,6 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from nmt.data.tokenizer import BOS_ID, PAD_ID
 from nmt.inference.hypothesis import Hypothesis
 from nmt.model.transformer import Transformer
 
@@ -27,12 +26,13 @@ def attach_attention(models: Sequence[Transformer], src_tokens: Tensor, found: l
     if not rows:
         return
     best = [found[i][0] for i in rows]
-    prev = torch.full((len(rows), 1 + max(len(h.tokens) for h in best)), PAD_ID, dtype=torch.long)
+    ids = models[0].cfg.special_ids
+    prev = torch.full((len(rows), 1 + max(len(h.tokens) for h in best)), ids.pad, dtype=torch.long)
     for r, hyp in enumerate(best):
-        prev[r, : len(hyp.tokens) + 1] = torch.tensor([BOS_ID, *hyp.tokens], dtype=torch.long)
+        prev[r, : len(hyp.tokens) + 1] = torch.tensor([ids.bos, *hyp.tokens], dtype=torch.long)
     src = src_tokens[rows]
     prev = prev.to(src.device)
     weights = sum(m.cross_attention(src, prev, layer).float() for m in models) / len(models)
-    src_len = (src.ne(PAD_ID).sum(1) - 1).tolist()  # eos is the last real source token
+    src_len = (src.ne(ids.pad).sum(1) - 1).tolist()  # eos is the last real source token
     for r, hyp in enumerate(best):
         hyp.attention = weights[r, : len(hyp.tokens) + 1, : src_len[r]].tolist()

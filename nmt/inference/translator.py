@@ -229,7 +229,7 @@ class Translator:
         if attention is None:
             return "" if hard else []
         if self._surfaces is None:
-            self._surfaces = (wa.piece_surfaces(self.src_tokenizer.pieces()), wa.piece_surfaces(self.tgt_tokenizer.pieces()))
+            self._surfaces = tuple(wa.piece_surfaces(tok.pieces(), tok.special_ids) for tok in (self.src_tokenizer, self.tgt_tokenizer))
         src_surfaces, tgt_surfaces = self._surfaces
         matrix = wa.align_words(attention, [src_surfaces[t] for t in src_ids], source,
                                 [tgt_surfaces[t] for t in tgt_ids], output)

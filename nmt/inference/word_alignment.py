@@ -16,20 +16,21 @@ No torch here: the CTranslate2 engine's attention goes through the same code.
 from __future__ import annotations
 
 import difflib
-from typing import Sequence
+from typing import Iterable, Sequence
 
-from nmt.data.tokenizer import CONTINUING_PREFIX, EOS_ID
+from nmt.data.tokenizer import CONTINUING_PREFIX
 
 SPACE_MARK = "\u2581"
 """SentencePiece's and nmt's WordPiece's mark of a word start."""
 
 
-def piece_surfaces(pieces: Sequence[str]) -> list[str]:
+def piece_surfaces(pieces: Sequence[str], special_ids: Iterable[int]) -> list[str]:
     """The text each vocabulary piece stands for (a word-start mark is a space); special
-    tokens (<pad>, <unk>, <s>, </s>) stand for no character."""
+    tokens (<pad>, <unk>, <s>, </s>: `special_ids`) stand for no character."""
+    special = set(special_ids)
     out = []
     for i, piece in enumerate(pieces):
-        if i <= EOS_ID:
+        if i in special:
             out.append("")
         elif piece.startswith(CONTINUING_PREFIX) and len(piece) > len(CONTINUING_PREFIX):
             out.append(piece[len(CONTINUING_PREFIX):])

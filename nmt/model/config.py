@@ -6,7 +6,7 @@ fields quickly; `nmt.model.transformer` builds the network from them.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from nmt.errors import NmtError
 from nmt.settings import FRACTION, POSITIVE, Range, check_ranges, setting as _f
@@ -15,6 +15,21 @@ from nmt.settings import FRACTION, POSITIVE, Range, check_ranges, setting as _f
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 """The ids of the special tokens in every vocabulary nmt learns (nmt.data.tokenizer): the model
 pads with PAD_ID and starts the decoder with BOS_ID; a translation ends at EOS_ID."""
+
+
+class SpecialIds(NamedTuple):
+    """The special token ids of one vocabulary, as the model, the batches and the searches use
+    them: sentences are padded with `pad`, end with `eos`, the decoder starts from `bos`, and
+    neither pad nor bos is ever generated. nmt's own vocabularies give 0, 1, 2, 3; an imported
+    Marian model (`nmt import`) gives eos 0, unk 1, and pad = bos = its last id."""
+
+    pad: int = PAD_ID
+    unk: int = UNK_ID
+    bos: int = BOS_ID
+    eos: int = EOS_ID
+
+
+NMT_SPECIAL_IDS = SpecialIds()
 
 ACTIVATIONS = ("relu", "swish", "gelu")
 """The feed-forward network's activations (`nmt.model.transformer.FeedForward`); relu is the paper's."""
@@ -43,6 +58,10 @@ class TransformerConfig:
     pre_ln: bool = _f(False, "LayerNorm before each sublayer instead of after the residual sum (t2t's later default); the paper is post-LN.")
     positions_layout: str = _f("interleaved", "Where the sinusoids (3.5) go: interleaved (PE(pos, 2i) = sin, PE(pos, 2i+1) = cos, the paper's formula) or halves (the d_model/2 sines, then the cosines of the same frequencies: Marian / OPUS-MT).")
     output_bias: bool = _f(False, "A learned bias, initialised to zero, added to the pre-softmax logits (not in the paper; Marian's final_logits_bias).")
+    pad_id: int = _f(PAD_ID, "Id of padding (from the run's vocabulary).")
+    unk_id: int = _f(UNK_ID, "Id of the unknown token (from the run's vocabulary).")
+    bos_id: int = _f(BOS_ID, "Id of the decoder's first input, the decoder start token (from the run's vocabulary: <s> in nmt's, <pad> in Marian's).")
+    eos_id: int = _f(EOS_ID, "Id of the end-of-sentence token (from the run's vocabulary).")
 
     RANGES: ClassVar[dict[str, Range]] = {
         "src_vocab_size": POSITIVE, "tgt_vocab_size": POSITIVE,
@@ -51,6 +70,7 @@ class TransformerConfig:
         "encoder_layers": Range(1, 1024), "decoder_layers": Range(1, 1024),
         "dropout": FRACTION, "attention_dropout": FRACTION, "relu_dropout": FRACTION,
         "max_positions": Range(1, 2**16),  # subword tokens of one sentence; the sinusoids are a table of them
+        "pad_id": Range(0, 2**31), "unk_id": Range(0, 2**31), "bos_id": Range(0, 2**31), "eos_id": Range(0, 2**31),
     }
     """The range of every numeric field (`nmt.settings`); `nmt train`'s model flags share it."""
 
@@ -61,12 +81,19 @@ class TransformerConfig:
                 raise NmtError(f"unknown --{name.replace('_', '-')} {getattr(self, name)!r}; choose one of {', '.join(allowed)}")
         if self.d_model % self.n_heads:
             raise NmtError(f"d_model {self.d_model} must be divisible by the number of heads {self.n_heads}")
+        for name, value in zip(("pad_id", "unk_id", "bos_id", "eos_id"), self.special_ids):
+            if value >= min(self.src_vocab_size, self.tgt_vocab_size):
+                raise NmtError(f"{name} {value} is not an id of the vocabulary ({self.src_vocab_size} / {self.tgt_vocab_size} pieces)")
         if self.share_all_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise NmtError(
                 "--share-all-embeddings needs one joint vocabulary, but source and target vocabularies "
                 f"differ ({self.src_vocab_size} vs {self.tgt_vocab_size}); re-run `nmt preprocess --joined` "
                 "or train with --no-share-all-embeddings"
             )
+
+    @property
+    def special_ids(self) -> SpecialIds:
+        return SpecialIds(self.pad_id, self.unk_id, self.bos_id, self.eos_id)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,7 +105,7 @@ class TransformerConfig:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
-VOCAB_FIELDS = ("src_vocab_size", "tgt_vocab_size")
+VOCAB_FIELDS = ("src_vocab_size", "tgt_vocab_size", "pad_id", "unk_id", "bos_id", "eos_id")
 """Fields that come from the run's vocabulary, never from a flag."""
 
 
@@ -137,10 +164,12 @@ def check_arch(arch: str) -> None:
         raise NmtError(f"unknown --arch {arch!r}; known architectures: {', '.join(ARCHS)}")
 
 
-def build_config(arch: str, src_vocab_size: int, tgt_vocab_size: int, **overrides: Any) -> TransformerConfig:
-    """The named architecture with vocabulary sizes and any single-field overrides applied."""
+def build_config(arch: str, src_vocab_size: int, tgt_vocab_size: int, special_ids: SpecialIds = NMT_SPECIAL_IDS,
+                 **overrides: Any) -> TransformerConfig:
+    """The named architecture with vocabulary sizes, special ids and any single-field overrides applied."""
     check_arch(arch)
-    cfg = replace(ARCHS[arch](), src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size)
+    cfg = replace(ARCHS[arch](), src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
+                  pad_id=special_ids.pad, unk_id=special_ids.unk, bos_id=special_ids.bos, eos_id=special_ids.eos)
     cfg = replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
     cfg.validate()
     return cfg

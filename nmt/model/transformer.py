@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.model.config import PAD_ID, TransformerConfig
+from nmt.model.config import TransformerConfig
 from nmt.model.incremental import DecoderState, SelfAttentionCache
 
 
@@ -216,15 +216,16 @@ class Transformer(nn.Module):
         cfg.validate()
         self.cfg = cfg
         d = cfg.d_model
-        self.src_embed = nn.Embedding(cfg.src_vocab_size, d, padding_idx=PAD_ID)
+        pad = cfg.pad_id
+        self.src_embed = nn.Embedding(cfg.src_vocab_size, d, padding_idx=pad)
         nn.init.normal_(self.src_embed.weight, mean=0.0, std=d**-0.5)
-        nn.init.zeros_(self.src_embed.weight[PAD_ID])
+        nn.init.zeros_(self.src_embed.weight[pad])
         if cfg.share_all_embeddings:
             self.tgt_embed = self.src_embed
         else:
-            self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=PAD_ID)
+            self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, d, padding_idx=pad)
             nn.init.normal_(self.tgt_embed.weight, mean=0.0, std=d**-0.5)
-            nn.init.zeros_(self.tgt_embed.weight[PAD_ID])
+            nn.init.zeros_(self.tgt_embed.weight[pad])
         if cfg.share_all_embeddings or cfg.share_decoder_input_output_embed:
             self.output_proj = None
         else:
@@ -255,10 +256,10 @@ class Transformer(nn.Module):
     # -- encoder ------------------------------------------------------------------------
     def source_mask(self, src_tokens: Tensor) -> Optional[Tensor]:
         """(B, 1, 1, S) bool, True where attention is allowed: at every source position but padding."""
-        return src_tokens.ne(PAD_ID)[:, None, None, :]
+        return src_tokens.ne(self.cfg.pad_id)[:, None, None, :]
 
     def encode(self, src_tokens: Tensor) -> EncoderOut:
-        """src_tokens: (B, S) right-padded with PAD_ID, eos-terminated."""
+        """src_tokens: (B, S) right-padded with cfg.pad_id, eos-terminated."""
         attn_mask = self.source_mask(src_tokens)
         x = self._embed(self.src_embed, src_tokens)
         for layer in self.encoder_layers:

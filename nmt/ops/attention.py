@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from nmt.model.config import PAD_ID
 from nmt.model.transformer import MultiHeadAttention, Transformer
 
 
@@ -114,6 +113,6 @@ class CpuTransformer(Transformer):
     graphs under torch.compile keep one shape of call, so both always pass the mask.)"""
 
     def source_mask(self, src_tokens: Tensor) -> Optional[Tensor]:
-        if torch.compiler.is_compiling() or bool(src_tokens.eq(PAD_ID).any()):
+        if torch.compiler.is_compiling() or bool(src_tokens.eq(self.cfg.pad_id).any()):
             return super().source_mask(src_tokens)
         return None

@@ -39,7 +39,8 @@ class PreprocessConfig:
     joined: bool = setting(True, "One vocabulary for both languages (needed to share all embeddings, paper 3.4); "
                            "--no-joined learns one per language.")
     vocab: Optional[str] = setting(None, "Reuse this vocabulary instead of learning one: a tokenizer file (.model or .json; "
-                                   "both sides) or a folder or run dir holding joint.* or SRC.* and TGT.*.")
+                                   "both sides) or a folder or run dir holding joint.* or SRC.* and TGT.*; or a run made by `nmt import` "
+                                   "(its source.spm, target.spm and vocab.json, to fine-tune that model).")
     vocab_sample_lines: int = setting(10_000_000, "Learn the vocabulary from at most this many training pairs (lines "
                                       "per file), sampled uniformly (with --seed) when there are more.")
     character_coverage: float = setting(1.0, "Share of characters SentencePiece must cover (1.0 for Latin scripts, "

@@ -43,6 +43,7 @@ class Job:
     src_vocab: Optional[str] = None
     tgt_vocab: Optional[str] = None
     vocab_type: str = "bpe"
+    unk_id: int = 1
     dtype: str = "<u2"
 
 

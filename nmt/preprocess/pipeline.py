@@ -61,7 +61,7 @@ from nmt.preprocess.staging import install, remove_leftover_staging, staging_dir
 from nmt.run.directory import RunDir, check_run_dir_path
 from nmt.run.lock import RunLock, command_line
 from nmt.data.textio import count_lines
-from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, SentencePieceTokenizer, load_tokenizer
+from nmt.data.tokenizer import MarianTokenizer, SentencePieceTokenizer, load_tokenizer
 from nmt.preprocess.vocab_learning import copy_vocabularies, learn_vocabularies
 
 __all__ = ["PreprocessConfig", "PreprocessResult", "run_preprocess", "reasons_text"]
@@ -119,6 +119,8 @@ def _preprocess_into(run: RunDir, cfg: PreprocessConfig, inputs: dict[str, dict[
                 vocab_files, vocab_summary = learn_vocabularies(cfg, inputs["train"], pairs["train"], stage, runner, progress)
         tokenizers = {lang: load_tokenizer(stage / rel) for lang, rel in vocab_files.items()}
         vocab_sizes = {lang: tok.vocab_size for lang, tok in tokenizers.items()}
+        special_ids = tokenizers[cfg.target_lang].special_ids
+        marian = isinstance(tokenizers[cfg.target_lang], MarianTokenizer)
         dtype = token_dtype(max(vocab_sizes.values()))
 
         # 3. Binarization, split by split.
@@ -130,7 +132,7 @@ def _preprocess_into(run: RunDir, cfg: PreprocessConfig, inputs: dict[str, dict[
                 source_lang=cfg.source_lang, target_lang=cfg.target_lang,
                 errors=cfg.encoding_errors, moses=cfg.moses, rules=cfg.rules(), clean=split == "train",
                 src_vocab=str(stage / vocab_files[cfg.source_lang]), tgt_vocab=str(stage / vocab_files[cfg.target_lang]),
-                vocab_type=cfg.vocab_type, dtype=dtype.str,
+                vocab_type=cfg.vocab_type, dtype=dtype.str, unk_id=special_ids.unk,
             )
             split_summaries[split] = _binarize_split(split, job, pairs[split], stage / "data", runner, progress)
         train = split_summaries.get("train")
@@ -142,15 +144,15 @@ def _preprocess_into(run: RunDir, cfg: PreprocessConfig, inputs: dict[str, dict[
         record = {
             "source_lang": cfg.source_lang,
             "target_lang": cfg.target_lang,
-            "vocab_type": cfg.vocab_type,
-            "joined": cfg.joined,
+            "vocab_type": "marian" if marian else cfg.vocab_type,
+            "joined": True if marian else cfg.joined,
             "vocab": {lang: str(rel) for lang, rel in vocab_files.items()},
             "vocab_sizes": vocab_sizes,
             # Which vocabulary, not only its size: checkpoints carry these (nmt.run.identity).
             "vocab_sha256": vocab_hashes(stage, {lang: str(rel) for lang, rel in vocab_files.items()}),
             "dtype": dtype.name,
             "moses": cfg.moses,
-            "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID},
+            "special_ids": special_ids._asdict(),  # the model's configuration copies them (nmt train)
             "normalization": NORMALIZATION,
             "splits": {
                 split: {"pairs": s["pairs"], "files": {lang: str(p) for lang, p in inputs[split].items()}}
@@ -317,7 +319,7 @@ def _binarize_split(split: str, job: Job, n_pairs: int, data_dir: Path, runner: 
                         writers[side].add(ids, sizes)
                     sentences[side] += len(sizes)
                     tokens[side] += len(ids)
-                    unk[side] += np.count_nonzero(ids == UNK_ID)
+                    unk[side] += np.count_nonzero(ids == job.unk_id)
                     empty[side] += np.count_nonzero(sizes == 0)
                 bar.update(chunk.pairs_in)
         finally:

@@ -3,6 +3,7 @@ or copy a given one after checking that it uses nmt's special ids."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from itertools import chain, compress
 from pathlib import Path
@@ -15,8 +16,8 @@ from nmt.preprocess.cleaning import DROP_REASONS, count_reasons, drop_codes, rea
 from nmt.errors import NmtError
 from nmt.preprocess.config import PreprocessConfig
 from nmt.data.textio import read_lines
-from nmt.data.tokenizer import (BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID, text_characters, tokenizer_filename,
-                           train_tokenizer)
+from nmt.data.tokenizer import (BOS_ID, EOS_ID, MARIAN_VOCAB, PAD_ID, SPECIAL_TOKENS, UNK_ID, text_characters,
+                                tokenizer_filename, train_tokenizer)
 from nmt.preprocess.vocab_sample import UniformSample
 
 
@@ -85,10 +86,41 @@ def learn_vocabularies(cfg: PreprocessConfig, train: dict[str, Path], n_train: i
     return files, {"sampled_pairs": sampled, "pairs_used": used, "dropped": dropped}
 
 
+MARIAN_FILES = {"source": "source.spm", "target": "target.spm"}
+"""An imported Marian vocabulary (`nmt import`): a SentencePiece model per side, one id table (MARIAN_VOCAB)."""
+
+
+def marian_vocabulary(folder: Path) -> Optional[Path]:
+    """The vocab/ folder of a run directory made by `nmt import` (or that folder itself), else None."""
+    for candidate in (folder / "vocab", folder):
+        if (candidate / MARIAN_VOCAB).is_file() and all((candidate / f).is_file() for f in MARIAN_FILES.values()):
+            return candidate
+    return None
+
+
 def copy_vocabularies(cfg: PreprocessConfig, vocab_dir: Path) -> dict[str, Path]:
-    """Copy the vocabulary given with --vocab into the staged vocab/ folder, after checking it."""
+    """Copy the vocabulary given with --vocab into the staged vocab/ folder, after checking it.
+
+    An imported Marian model's vocabulary (a run made by `nmt import`) is copied whole, its
+    source.spm for the source language and target.spm for the target: --vocab-type and
+    --joined do not apply to it (its two models share one id table)."""
     given = Path(cfg.vocab)
     src_lang, tgt_lang = cfg.source_lang, cfg.target_lang
+    marian = marian_vocabulary(given) if given.is_dir() else None
+    if marian is not None:
+        imported = marian.parent / "config" / "preprocess.json"
+        if imported.is_file():  # source.spm is the model's source language: the pair must be the model's
+            record = json.loads(imported.read_text(encoding="utf-8"))
+            pair = (record.get("source_lang"), record.get("target_lang"))
+            if pair != (src_lang, tgt_lang):
+                raise NmtError(f"--vocab {given} is the vocabulary of a {pair[0]}-{pair[1]} model, but this run is "
+                               f"{src_lang}-{tgt_lang}; pass -s {pair[0]} -t {pair[1]}")
+        if cfg.moses:
+            raise NmtError(f"--vocab {given} is a Marian model's vocabulary, which reads raw text; drop --moses")
+        vocab_dir.mkdir(parents=True)
+        for name in (*MARIAN_FILES.values(), MARIAN_VOCAB):
+            shutil.copyfile(marian / name, vocab_dir / name)
+        return {src_lang: Path("vocab") / MARIAN_FILES["source"], tgt_lang: Path("vocab") / MARIAN_FILES["target"]}
     if given.is_file():
         if not cfg.joined:
             raise NmtError(f"--vocab {given} is one file, but --no-joined needs one per language; "

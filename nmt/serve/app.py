@@ -240,10 +240,12 @@ class TranslationService:
             except NmtError:
                 arch = None
         model_cfg, parameters = self.architecture
+        imported = run.read_record("preprocess").get("imported") if run.has_record("preprocess") else None
         return {
             "source_lang": self.model.source_lang,
             "target_lang": self.model.target_lang,
             "arch": arch,
+            "imported": imported and {k: imported[k] for k in ("from", "folder", "weights", "weights_sha256")},
             "model": model_cfg,
             "parameters": parameters,
             "checkpoints": self.checkpoints,

@@ -90,7 +90,7 @@ class TrainConfig:
     tensorboard_logdir: Optional[str] = setting(None, "Write the TensorBoard event files to this folder instead of RUN/tensorboard (implies --tensorboard).")
     # -- resume and fine-tuning -----------------------------------------------------------
     restore_file: Optional[str] = setting(None, "First launch only: start from this checkpoint (model, optimizer, schedule, data position). Once checkpoint_last.pt exists, training resumes from it; if it is damaged or lost, name one of the run's own checkpoints here to continue the run from it.")
-    finetune_from: Optional[str] = setting(None, "First launch only: start from these model weights with a fresh optimizer, schedule and data position.")
+    finetune_from: Optional[str] = setting(None, "First launch only: start from these model weights with a fresh optimizer, schedule and data position; without --arch the model is the checkpoint's own (e.g. an `nmt import`ed one), with --arch it must fit the weights.")
     reset_optimizer: bool = setting(False, "First launch only, with --restore-file: start a fresh optimizer (Adam moments).")
     reset_lr_scheduler: bool = setting(False, "First launch only, with --restore-file: restart the schedule at step 1 (the offset is saved, so resumes continue it).")
     reset_dataloader: bool = setting(False, "First launch only, with --restore-file: start at the beginning of a fresh epoch order.")

@@ -22,7 +22,7 @@ from nmt.errors import NmtError
 from nmt.train.loss import ProjectedLogits, label_smoothed_nll_loss
 from nmt.model.transformer import Transformer
 from nmt.ops import optimize_for
-from nmt.model.config import TransformerConfig
+from nmt.model.config import PAD_ID, TransformerConfig
 from nmt.train.precision import Precision
 
 
@@ -61,7 +61,7 @@ def forward_loss(model: torch.nn.Module, batch: Batch, label_smoothing: float, p
             hidden = core.decode_hidden(batch.prev, core.encode(batch.src))
         else:  # DDP: go through forward so gradients are synchronised
             hidden = model(batch.src, batch.prev, return_hidden=True)
-    rows = target_positions(batch)
+    rows = target_positions(batch, core.cfg.pad_id)
     weight = core.output_weight
     # Products in the autocast dtype; the loss reads the logits in fp32 whatever that is, so
     # the ranking of probabilities and the smoothed sum are never rounded to bf16/fp16.
@@ -70,12 +70,12 @@ def forward_loss(model: torch.nn.Module, batch: Batch, label_smoothing: float, p
     return label_smoothed_nll_loss(logits, batch.target.flatten().index_select(0, rows), label_smoothing)
 
 
-def target_positions(batch: Batch) -> Tensor:
+def target_positions(batch: Batch, pad_id: int = PAD_ID) -> Tensor:
     """Flat indices of the non-pad target positions, in order, without waiting for a GPU.
 
     `hidden[target != pad]` would have to learn how many positions there are from the device
     (a host synchronisation per micro-step); the batch already knows (`n_tgt_tokens`)."""
-    return batch.target.ne(0).flatten().nonzero_static(size=batch.n_tgt_tokens).squeeze(1)
+    return batch.target.ne(pad_id).flatten().nonzero_static(size=batch.n_tgt_tokens).squeeze(1)
 
 
 class TrainEngine:

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -44,13 +44,13 @@ from nmt.errors import Interrupted, NmtError
 from nmt.ops.cpu_malloc import keep_freed_memory
 from nmt.run.identity import IDENTITY_KEY, check_identity, checkpoint_identity, run_identity
 from nmt.model.transformer import Transformer
-from nmt.model.config import TransformerConfig, architecture, build_config
+from nmt.model.config import NMT_SPECIAL_IDS, SpecialIds, TransformerConfig, architecture, build_config
 from nmt.train.precision import Precision
 from nmt.run.directory import RunDir
 from nmt.run.lock import RunLock, command_line
 from nmt.train.schedule import learning_rate
 from nmt.train.state import TrainState
-from nmt.train.config import TrainConfig
+from nmt.train.config import MODEL_FIELDS, ModelSettings, TrainConfig
 from nmt.train.log import LN2, TrainLogger, log_offsets, restore_logs, truncate_logs
 from nmt.train.resume import (BATCHING_DEFAULTS, BATCHING_FIELDS, CONTINUING_MODES, Launch, given_from_defaults,
                                launch_record, log_offsets_to_keep, resolve_launch)
@@ -85,11 +85,22 @@ def load_corpus(rd: RunDir, prep: dict[str, Any], split: str, max_positions: int
     return Corpus(src, tgt, indices, skipped)
 
 
-def model_config_for(cfg: TrainConfig, prep: dict[str, Any]) -> TransformerConfig:
-    """The model the flags ask for, sized to the run's vocabulary."""
+def model_config_for(cfg: TrainConfig, prep: dict[str, Any], finetuned: Optional[dict[str, Any]] = None) -> TransformerConfig:
+    """The model the flags ask for, sized to the run's vocabulary, with its special ids.
+
+    `finetuned`: the configuration of the checkpoint given to --finetune-from, which then
+    is the model (an imported OPUS-MT model has no --arch); flags may still change what
+    does not change the weights' meaning, such as dropout."""
     src_v = int(prep["vocab_sizes"][prep["source_lang"]])
     tgt_v = int(prep["vocab_sizes"][prep["target_lang"]])
+    special = SpecialIds(**prep["special_ids"]) if "special_ids" in prep else NMT_SPECIAL_IDS
     overrides = cfg.model.overrides()
+    if finetuned is not None:
+        base = TransformerConfig.from_dict(finetuned)
+        model = replace(base, **overrides, src_vocab_size=src_v, tgt_vocab_size=tgt_v, pad_id=special.pad,
+                        unk_id=special.unk, bos_id=special.bos, eos_id=special.eos)
+        model.validate()
+        return model
     if overrides.get("share_all_embeddings") and not prep.get("joined", False):
         raise NmtError(
             "--share-all-embeddings needs one joint vocabulary, but this run directory has separate source and "
@@ -97,7 +108,7 @@ def model_config_for(cfg: TrainConfig, prep: dict[str, Any]) -> TransformerConfi
         )
     if overrides.get("share_all_embeddings") is None:
         overrides["share_all_embeddings"] = bool(prep.get("joined", False)) and src_v == tgt_v
-    return build_config(cfg.model.arch, src_v, tgt_v, **overrides)
+    return build_config(cfg.model.arch, src_v, tgt_v, special, **overrides)
 
 
 def validation_loss(model: Transformer, corpus: Corpus, max_tokens: int, device: torch.device,
@@ -106,12 +117,13 @@ def validation_loss(model: Transformer, corpus: Corpus, max_tokens: int, device:
     """Smoothed loss and NLL per target token (base 2) on the whole valid set, sharded over ranks."""
     was_training = model.training
     model.eval()
+    specials = (model.module if hasattr(model, "module") else model).cfg.special_ids
     batches = make_batches(corpus.src.sizes, corpus.tgt.sizes, corpus.indices, max_tokens, seed=0, epoch=0,
                            len_multiple=len_multiple)
     totals = torch.zeros(3, dtype=torch.float64)
     with torch.no_grad():
         for ids in batches[ctx.rank :: ctx.world_size]:
-            batch = collate(corpus.src, corpus.tgt, ids, len_multiple).to(device)
+            batch = collate(corpus.src, corpus.tgt, ids, len_multiple, specials).to(device)
             loss, nll = forward_loss(model, batch, label_smoothing, precision)
             totals += torch.tensor([loss.item(), nll.item(), batch.n_tgt_tokens], dtype=torch.float64)
     totals = ctx.all_reduce_sum(totals)
@@ -175,8 +187,8 @@ class Trainer:
         self.prep = self.rd.read_record("preprocess")
         cfg.validate()
         recorded = self.rd.read_record("train") if self.rd.has_record("train") else None
-        self.launch: Launch = resolve_launch(self.rd.checkpoint_dir, recorded, cfg,
-                                             given if given is not None else given_from_defaults(cfg))
+        given = given if given is not None else given_from_defaults(cfg)
+        self.launch: Launch = resolve_launch(self.rd.checkpoint_dir, recorded, cfg, given)
         self.cfg = cfg = self.launch.cfg
         cfg.validate()
         self.history = list((recorded or {}).get("launches", []))
@@ -190,22 +202,29 @@ class Trainer:
             torch.set_flush_denormal(True)
         self.malloc = keep_freed_memory() if self.device.type == "cpu" else None
 
-        self.model_cfg = model_config_for(cfg, self.prep)
+        ckpt = self.launch.checkpoint
+        # --finetune-from without --arch fine-tunes the checkpoint's own model (an imported one has no --arch)
+        finetuned = ckpt["config"] if ckpt is not None and self.launch.mode == "finetune" and "arch" not in given else None
+        self.model_cfg = model_config_for(cfg, self.prep, finetuned)
+        if finetuned is not None:  # the records name every field, so a resume rebuilds this model, not --arch's
+            cfg.model = ModelSettings(arch=cfg.model.arch, **{k: v for k, v in self.model_cfg.to_dict().items()
+                                                              if k in MODEL_FIELDS})
         self.identity = run_identity(self.rd)
         self.notes: list[str] = list(self.launch.notes)
-        ckpt = self.launch.checkpoint
         if ckpt is not None:  # token ids mean pieces of one vocabulary: refuse another's model
             check_identity(checkpoint_identity(ckpt), self.identity, f"checkpoint {self.launch.checkpoint_path}",
                            warn=lambda message: self.notes.append(f"warning: {message}"))
-        if ckpt is not None and self.launch.mode in ("resume", "recover", "restore"):
+        if ckpt is not None:
             saved = architecture(ckpt["config"])
             diff = [k for k, v in architecture(self.model_cfg.to_dict()).items() if saved.get(k) != v]
             if diff:
-                raise NmtError(
-                    f"{self.launch.checkpoint_path} is a different model from what the flags and vocabulary give "
-                    f"({', '.join(f'{k} {saved.get(k)} vs {getattr(self.model_cfg, k)}' for k in diff[:3])}); "
-                    f"use a new --run-dir, or the run's own settings"
-                )
+                differences = ", ".join(f"{k} {saved.get(k)} vs {getattr(self.model_cfg, k)}" for k in diff[:3])
+                if self.launch.mode == "finetune":
+                    raise NmtError(f"the weights of {self.launch.checkpoint_path} do not fit the model the flags and "
+                                   f"vocabulary give ({differences}); drop --arch and the model flags to fine-tune "
+                                   f"the checkpoint's own model")
+                raise NmtError(f"{self.launch.checkpoint_path} is a different model from what the flags and vocabulary "
+                               f"give ({differences}); use a new --run-dir, or the run's own settings")
         self.ckpts = CheckpointManager(self.rd.checkpoint_dir, cfg.keep_last, cfg.keep_last_epochs, ctx.is_main)
         self.engine = TrainEngine(
             self.model_cfg, ctx, amp=cfg.amp, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
@@ -299,7 +318,7 @@ class Trainer:
 
     def collate(self, src: TokenArray, tgt: TokenArray, ids: np.ndarray) -> Batch:
         """One training batch as tensors, padded to --required-seq-len-multiple."""
-        return collate(src, tgt, ids, self.cfg.required_seq_len_multiple)
+        return collate(src, tgt, ids, self.cfg.required_seq_len_multiple, self.model_cfg.special_ids)
 
     def epoch_groups(self, epoch: int) -> list[list[np.ndarray]]:
         """This epoch's batches in groups of world_size x update_freq: one group per update."""

@@ -38,7 +38,7 @@ def validation_bleu(model: Any, corpus: Any, prep: dict[str, Any], rd: Any, devi
             width = int(corpus.src.sizes[order[start]]) + 1
             n = max(1, max_tokens // width)
             chunk = order[start : start + n]
-            src = torch.from_numpy(padded_sources(corpus.src, np.asarray(chunk, dtype=np.int64))[0])
+            src = torch.from_numpy(padded_sources(corpus.src, np.asarray(chunk, dtype=np.int64), specials=model.cfg.special_ids)[0])
             for i, found in zip(chunk, beam_search(model, src.to(device), search)):
                 hyps[i] = found[0].tokens if found else []
             start += n

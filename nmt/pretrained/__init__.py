@@ -1,0 +1,1 @@
+"""Pretrained models from other toolkits, imported into run directories (`nmt import`)."""
