@@ -82,5 +82,15 @@ def print_summary(console: Any, record: dict[str, Any], root: Any) -> None:
               else f"learned from {learned['pairs_used']:,} of {learned['sampled_pairs']:,} sampled training pairs")
     console.print(f"vocabulary: {record['vocab_type']}{' joined' if record['joined'] else ''}, {vocab}; {origin}; "
                   f"ids stored as {record['dtype']}{'; Moses-tokenized' if record['moses'] else ''}")
+    sampling = record.get("subword_sampling")
+    if sampling:
+        tokens = summary["splits"]["train"]["samples"]
+        mean = {lang: sum(t[lang] for t in tokens.values()) / len(tokens) for lang in record["vocab"]}
+        det = {lang: side["tokens"] for lang, side in summary["splits"]["train"]["sides"].items()}
+        growth = ", ".join(f"{lang} {mean[lang] / max(det[lang], 1):.2f}x" for lang in mean)
+        console.print(f"subword sampling: {sampling['samples']} sampled segmentations of the training pairs "
+                      f"({', '.join(sampling['splits'][:2])}{', ...' if sampling['samples'] > 2 else ''}), "
+                      f"{sampling['method']}, alpha {sampling['alpha']:g}; {growth} the deterministic tokens; "
+                      f"`nmt train` takes one per epoch")
     console.print("valid/test are never filtered (empty lines stay as empty sentences); decoding the stored ids gives "
                   "back the input up to normalization (see `normalization` in config/preprocess.json).")

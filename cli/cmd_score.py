@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
         subset: Annotated[Optional[str], typer.Option("--subset", help="Score against the raw target side of a split preprocess recorded in --run-dir (test, valid, ...); --lang defaults to the run's target language.", show_default=False)] = None,
         run_dir: RunDirOption = None,
         hyp: Annotated[Optional[Path], typer.Option("--hyp", help="Hypotheses file (plain or .gz); default: stdin.", show_default=False)] = None,
-        tokenize: Annotated[Optional[str], typer.Option("--tokenize", "-tok", help="sacreBLEU tokenizer for BLEU: 13a, intl, zh, char, none, ja-mecab, ko-mecab, ... (default: 13a, or from --lang).", show_default=False)] = None,
+        tokenize: Annotated[Optional[str], typer.Option("--tokenize", "-tok", help="sacreBLEU tokenizer for BLEU: 13a, intl, zh, char, none, ja-mecab, ko-mecab, ... (default: 13a, or from --lang); or moses: BLEU on Moses-tokenized text (tokenizer.perl defaults, --lang's rules), unsmoothed as multi-bleu.perl; with --lowercase the convention of the Multi30k papers (Wu et al. 2021, fairseq).", show_default=False)] = None,
         lowercase: Annotated[bool, typer.Option("--lowercase", "-lc", help="Case-insensitive BLEU and chrF.")] = False,
         ter: Annotated[bool, typer.Option("--ter", help="Also compute TER.")] = False,
         lang: Annotated[Optional[str], typer.Option("--lang", "-l", help="Target language: picks sacreBLEU's default tokenizer (zh, ja, ko) and the Moses tokenizer of --compound-split (default: de).", show_default=False)] = None,

@@ -29,6 +29,14 @@ from nmt.data.textio import read_lines
 COMPOUND_RE = re.compile(r"(\S)-(\S)")
 COMPOUND_SUB = r"\1 ##AT##-##AT## \2"
 
+MOSES = "moses"
+"""`--tokenize moses`: hypotheses and references Moses-tokenized (`moses_tokenize`), then BLEU on
+those tokens, as multi-bleu.perl on tokenized text; with --lowercase, the Multi30k papers' BLEU."""
+MOSES_LABEL = (
+    "lowercased, Moses-tokenized BLEU (sacremoses, tokenizer.perl defaults; multi-bleu.perl's counts): the convention "
+    "of Wu et al. (2021) and fairseq's Multi30k numbers; NOT comparable to sacreBLEU's default 13a"
+)
+
 COMPOUND_SPLIT_LABEL = (
     "tokenized compound-split BLEU (Moses tokenizer, ##AT## compound splitting, "
     "multi-bleu.perl; the paper's WMT14 En-De metric, NOT comparable to sacreBLEU)"
@@ -86,27 +94,39 @@ def sacrebleu_scores(
 
     `tokenize=None` lets sacreBLEU choose from `target_lang` (13a, or zh/ja-mecab/ko-mecab),
     as its command line does with `-l`. `lowercase` applies to BLEU and chrF (sacreBLEU's
-    `-lc` and `--chrf-lowercase`); TER is case-insensitive by default anyway.
+    `-lc` and `--chrf-lowercase`); TER is case-insensitive by default anyway. `tokenize="moses"`
+    scores BLEU on Moses-tokenized text, unsmoothed, as multi-bleu.perl (MOSES_LABEL); chrF
+    stays on the text as given.
     Returns a JSON-able dict: bleu, signature, bp, ratio, precisions, hyp_len, ref_len,
     chrf, chrf_signature (and ter, ter_signature).
     """
     from sacrebleu.metrics import BLEU, CHRF, TER
 
-    if tokenize is not None and tokenize not in BLEU.TOKENIZERS:
-        raise NmtError(f"unknown --tokenize {tokenize!r}; choose one of: {', '.join(BLEU.TOKENIZERS)}")
-    try:
-        bleu_metric = BLEU(tokenize=tokenize, lowercase=lowercase, trg_lang=target_lang or "")
-    except Exception as e:  # mecab/spm tokenizers need extra packages or a download
-        raise NmtError(f"sacreBLEU cannot use --tokenize {tokenize}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if tokenize is not None and tokenize not in BLEU.TOKENIZERS and tokenize != MOSES:
+        raise NmtError(f"unknown --tokenize {tokenize!r}; choose one of: {', '.join([*BLEU.TOKENIZERS, MOSES])}")
     hyps = list(hypotheses)
     refs = [list(r) for r in references]
-    bleu = bleu_metric.corpus_score(hyps, refs)
+    bleu_hyps, bleu_refs = hyps, refs
+    if tokenize == MOSES:  # lowercase, then tokenize (as the papers' scripts); sacreBLEU must not tokenize again
+        lang = target_lang or "en"
+        case = str.lower if lowercase else str
+        bleu_hyps = moses_tokenize(map(case, hyps), lang)
+        bleu_refs = [moses_tokenize(map(case, r), lang) for r in refs]
+    try:
+        bleu_metric = (BLEU(tokenize="none", lowercase=lowercase, smooth_method="none", force=True)
+                       if tokenize == MOSES else BLEU(tokenize=tokenize, lowercase=lowercase, trg_lang=target_lang or ""))
+    except Exception as e:  # mecab/spm tokenizers need extra packages or a download
+        raise NmtError(f"sacreBLEU cannot use --tokenize {tokenize}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    bleu = bleu_metric.corpus_score(bleu_hyps, bleu_refs)
+    signature = str(bleu_metric.get_signature())
+    if tokenize == MOSES:  # say what tokenized it: sacreBLEU itself only saw "none"
+        signature = signature.replace("tok:none", f"tok:moses-{lang}")
     chrf_metric = CHRF(lowercase=lowercase)
     chrf = chrf_metric.corpus_score(hyps, refs)
     result: dict[str, Any] = {
         "bleu": bleu.score,
-        "signature": str(bleu_metric.get_signature()),
-        "bleu_verbose": bleu.format(width=2, signature=str(bleu_metric.get_signature())),
+        "signature": signature,
+        "bleu_verbose": bleu.format(width=2, signature=signature),
         "bp": bleu.bp,
         "ratio": bleu.sys_len / bleu.ref_len if bleu.ref_len else 0.0,
         "precisions": list(bleu.precisions),
@@ -124,12 +144,14 @@ def sacrebleu_scores(
         result["ter"] = ter_score.score
         result["ter_signature"] = str(ter_metric.get_signature())
         result["ter_verbose"] = ter_score.format(width=2, signature=str(ter_metric.get_signature()))
+    if tokenize == MOSES:
+        result["label"] = MOSES_LABEL if lowercase else MOSES_LABEL.replace("lowercased, ", "cased, ")
     return result
 
 
 def format_sacrebleu(result: dict[str, Any]) -> str:
     """sacreBLEU's own text lines: `BLEU|signature = score details`, then chrF (and TER)."""
-    lines = [result["bleu_verbose"], result["chrf_verbose"]]
+    lines = ([f"# {result['label']}"] if "label" in result else []) + [result["bleu_verbose"], result["chrf_verbose"]]
     if "ter_verbose" in result:
         lines.append(result["ter_verbose"])
     return "\n".join(lines)

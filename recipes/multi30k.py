@@ -3,8 +3,9 @@
 Multi30k task 1 (Elliott et al. 2016): image captions, 29000 training pairs, 1014 for
 validation (val), 1000 for test (test_2016_flickr), in en, de, fr and cs. The steps:
 
-    data -> nmt preprocess (joint BPE) -> nmt train (wall-clock budget) ->
-    nmt average-checkpoints -> nmt translate (beam 4, alpha chosen on val) -> nmt score (sacreBLEU) ->
+    data -> nmt preprocess (joint BPE, sampled segmentations) -> nmt train (wall-clock budget) ->
+    nmt average-checkpoints -> nmt translate (beam 4, alpha chosen on val) -> nmt score (sacreBLEU; and
+    lowercased Moses-tokenized, the Multi30k papers' metric) ->
     nmt plot -> summary (printed, and RUN_DIR/summary.json)
 
 Every step is printed as the exact `nmt ...` command before it runs. A second run skips
@@ -20,7 +21,6 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import shlex
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -38,6 +38,8 @@ TRAINING: dict[str, Any] = {
     # MODEL_CHOICES below says what each kind of machine gets and the runs behind it.
     "ARCH": "auto",                # `nmt archs`, or auto (see MODEL_CHOICES)
     "VOCAB": 8000,                 # joint BPE vocabulary size (nmt preprocess --vocab-size)
+    "SUBWORD_SAMPLES": 0,          # BPE-dropout segmentations of the training set, one per epoch (--subword-samples; 0 = off)
+    "SUBWORD_ALPHA": 0.1,          # probability of dropping a merge (--subword-alpha; Provilkov et al. 2020: 0.1)
     "MAX_TOKENS": 2048,            # tokens per batch and side, padding included (--max-tokens)
     "UPDATE_FREQ": 1,              # batches accumulated per update (--update-freq)
     "LR": 2e-3,                    # peak learning rate after warmup, then inverse sqrt (--lr)
@@ -141,6 +143,7 @@ def build_steps(s: dict[str, Any]) -> list[Step]:
     score_json = run / "test.score.json"
     valid_hyp = run / f"valid.hyp.{tgt}"
     valid_json = run / "valid.score.json"
+    paper_json = run / "test.score-lc-moses.json"
     threads = ["--threads", str(s["THREADS"])] if s["THREADS"] else []
     steps: list[Step] = []
 
@@ -167,6 +170,8 @@ def build_steps(s: dict[str, Any]) -> list[Step]:
         "preprocess", "--run-dir", run, "--source-lang", src, "--target-lang", tgt,
         "--trainpref", train_dir / "train", "--validpref", data_dir / SPLITS["valid"],
         "--testpref", data_dir / SPLITS["test"], "--vocab-size", s["VOCAB"],
+        *(["--subword-samples", s["SUBWORD_SAMPLES"], "--subword-alpha", flag_value(s["SUBWORD_ALPHA"])]
+          if s["SUBWORD_SAMPLES"] else []),
         *(["--workers", str(s["THREADS"])] if s["THREADS"] else []),
     ]))
 
@@ -201,8 +206,14 @@ def build_steps(s: dict[str, Any]) -> list[Step]:
         "score", "--ref", data_dir / f"{SPLITS['test']}.{tgt}.gz", "--hyp", hyp, "--lang", tgt, "--json",
     ]))
 
+    # 6a. the papers' Multi30k metric: lowercased, Moses-tokenized BLEU (Wu et al. 2021, fairseq)
+    steps.append(Step("score lowercased and Moses-tokenized, as the Multi30k papers do", stdout=paper_json, args=[
+        "score", "--ref", data_dir / f"{SPLITS['test']}.{tgt}.gz", "--hyp", hyp, "--lang", tgt, "--tokenize", "moses",
+        "--lowercase", "--json",
+    ]))
+
     # 6b. the same on val, the split that settings are compared on (test is never tuned on)
-    steps.append(Step(f"translate and score val the same way (the split settings are chosen on)", stdout=valid_hyp, args=[
+    steps.append(Step("translate and score val the same way (the split settings are chosen on)", stdout=valid_hyp, args=[
         "translate", "--run-dir", run, "--checkpoint", "checkpoint_avg.pt", "--subset", "valid",
         "--beam", s["BEAM"], "--lenpen", flag_value(s["LENPEN"]), *threads,
     ]))
@@ -221,17 +232,18 @@ def build_steps(s: dict[str, Any]) -> list[Step]:
                       args=["plot", "--run-dir", run]))
 
     # 8. summary
-    steps.append(Step("summary", action=lambda: summarize(s, run, hyp, score_json, valid_json),
+    steps.append(Step("summary", action=lambda: summarize(s, run, hyp, score_json, valid_json, paper_json),
                       describe=f"print BLEU, chrF, training time, updates and tokens/s; write {run / 'summary.json'}"))
     return steps
 
 
-def summarize(s: dict[str, Any], run: Path, hyp: Path, score_json: Path, valid_json: Path) -> None:
+def summarize(s: dict[str, Any], run: Path, hyp: Path, score_json: Path, valid_json: Path, paper_json: Path) -> None:
     """Print the result in a few lines and write it as RUN_DIR/summary.json."""
     import json
 
     score = json.loads(score_json.read_text(encoding="utf-8"))
     valid = json.loads(valid_json.read_text(encoding="utf-8"))
+    paper = json.loads(paper_json.read_text(encoding="utf-8"))
     stats = training_stats(run / "logs" / "train.jsonl")
     avg = run / "checkpoints" / "checkpoint_avg.pt"
     averaged, averaged_updates = averaged_from(avg)
@@ -247,6 +259,9 @@ def summarize(s: dict[str, Any], run: Path, hyp: Path, score_json: Path, valid_j
         "bleu_verbose": score["bleu_verbose"],
         "chrf": round(score["chrf"], 2),
         "chrf_signature": score["chrf_signature"],
+        "bleu_lc_moses": round(paper["bleu"], 2),
+        "bleu_lc_moses_signature": paper["signature"],
+        "bleu_lc_moses_label": paper["label"],
         "valid_bleu": round(valid["bleu"], 2),
         "valid_chrf": round(valid["chrf"], 2),
         "hypotheses": str(hyp),
@@ -267,6 +282,8 @@ def summarize(s: dict[str, Any], run: Path, hyp: Path, score_json: Path, valid_j
           f"of {stats['updates']})")
     print(f"BLEU  {summary['bleu']:6.2f}  {score['signature']}")
     print(f"chrF  {summary['chrf']:6.2f}  {score['chrf_signature']}")
+    print(f"BLEU  {summary['bleu_lc_moses']:6.2f}  {paper['signature']}  (lowercased, Moses-tokenized: the convention "
+          f"of Wu et al. 2021 and fairseq's Multi30k numbers, not comparable with the line above)")
     print(f"val   BLEU {summary['valid_bleu']:.2f}, chrF {summary['valid_chrf']:.2f} (the split settings are chosen on)")
     print(f"training: {format_duration(stats['train_time_s'])}, {stats['updates']} updates, "
           f"epoch {stats['epochs']}, {tps}")

@@ -56,8 +56,9 @@ def load_recipe_module(name: str):
 # ---------------------------------------------------------------------------------------
 
 MULTI30K_TINY = {
-    "ARCH": "tiny", "AMP": "none", "SLICE": "3000", "VOCAB": "1000", "MAX_TOKENS": "1024", "MAX_UPDATE": "240",
+    "ARCH": "tiny", "AMP": "none", "SLICE": "2000", "VOCAB": "1000", "MAX_TOKENS": "1024", "MAX_UPDATE": "240",
     "WARMUP": "100", "LOG_INTERVAL": "40", "SAVE_INTERVAL_MINUTES": "0", "AVERAGE_LAST": "3", "AVERAGE_KIND": "all", "THREADS": "1",
+    "SUBWORD_SAMPLES": "20",
 }
 
 
@@ -86,6 +87,13 @@ def test_multi30k_recipe_runs_the_whole_chain_and_a_second_run_does_not_retrain(
     assert isinstance(summary["bleu"], float) and 0.0 <= summary["bleu"] <= 100.0
     assert summary["bleu_signature"].startswith("nrefs:1|case:mixed|") and "tok:13a" in summary["bleu_signature"]
     assert isinstance(summary["chrf"], float)
+    # the Multi30k papers' metric beside it, labelled
+    assert isinstance(summary["bleu_lc_moses"], float) and "case:lc" in summary["bleu_lc_moses_signature"]
+    assert "tok:moses-de" in summary["bleu_lc_moses_signature"] and "Wu et al." in summary["bleu_lc_moses_label"]
+    assert f"BLEU  {summary['bleu_lc_moses']:6.2f}  {summary['bleu_lc_moses_signature']}" in first.stdout
+    # subword regularization: sampled segmentations stored, trained on
+    assert "--subword-samples 20 --subword-alpha 0.1" in first.stdout and (run / "data/train.sample20.de.bin").is_file()
+    assert json.loads((run / "config/train.json").read_text(encoding="utf-8"))["subword_samples"] == 20
     assert summary["updates"] == 240
     assert summary["train_time_s"] > 0 and summary["target_tokens_per_s"] > 0
     assert len(summary["averaged_from"]) == 3

@@ -108,7 +108,7 @@ def test_user_errors_are_one_line(tmp_path):
     ref = tmp_path / "ref.de"
     ref.write_text("ein Hund\n", encoding="utf-8")
     assert_one_line_error(run_nmt("score", "--ref", tmp_path / "missing.de", input="x\n"), "missing.de")
-    assert_one_line_error(run_nmt("score", "--ref", ref, "--tokenize", "moses", input="x\n"), "--tokenize", "13a")
+    assert_one_line_error(run_nmt("score", "--ref", ref, "--tokenize", "perl", input="x\n"), "--tokenize", "13a", "moses")
     assert_one_line_error(run_nmt("score", "--ref", ref, input=b"\xff\xfe\n"), "invalid UTF-8", "<stdin>", "line 1")
     assert_one_line_error(run_nmt("score", "--ref", ref, "--compound-split", "--lowercase", input="x\n"), "--compound-split")
 
@@ -124,6 +124,27 @@ def test_compound_split_is_one_pass_of_the_atat_regex():
     # one non-overlapping pass: the middle "b" was consumed by the first match
     assert compound_split("a-b-c") == "a ##AT##-##AT## b-c"
     assert compound_split("- a - b") == "- a - b"
+
+
+def test_lowercased_moses_bleu_is_multi_bleu_on_lowercased_tokenized_text(multi30k_files, tmp_path):
+    """`--tokenize moses --lowercase`: the Multi30k papers' BLEU, labelled and signed as such."""
+    proc = run_nmt("score", "--ref", multi30k_files["ref"], "--hyp", multi30k_files["hyp"], "--tokenize", "moses",
+                   "--lowercase", "--lang", "de", "--json")
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    hyps = [l.lower() for l in multi30k_files["hyp"].read_text(encoding="utf-8").splitlines()]
+    refs = [l.lower() for l in multi30k_files["ref"].read_text(encoding="utf-8").splitlines()]
+    expected = multi_bleu(moses_tokenize(hyps, "de"), [moses_tokenize(refs, "de")])
+    assert got["bleu"] == pytest.approx(expected.bleu, abs=1e-9)
+    assert "case:lc" in got["signature"] and "tok:moses-de" in got["signature"] and "Wu et al." in got["label"]
+    cased = json.loads(run_nmt("score", "--ref", multi30k_files["ref"], "--hyp", multi30k_files["hyp"], "--tokenize",
+                               "moses", "--lang", "de", "--json").stdout)
+    cased_hyps, cased_refs = (multi30k_files[k].read_text(encoding="utf-8").splitlines() for k in ("hyp", "ref"))
+    assert cased["bleu"] == pytest.approx(multi_bleu(moses_tokenize(cased_hyps, "de"), [moses_tokenize(cased_refs, "de")]).bleu)
+    assert "case:mixed" in cased["signature"] and cased["label"].startswith("cased, ")
+    text = run_nmt("score", "--ref", multi30k_files["ref"], "--hyp", multi30k_files["hyp"], "--tokenize", "moses", "-lc",
+                   "-l", "de").stdout
+    assert text.startswith("# lowercased, Moses-tokenized BLEU") and f"= {got['bleu']:.2f}" in text
 
 
 def test_moses_tokenization_is_tokenizer_perl_with_default_escaping():

@@ -13,6 +13,8 @@ from nmt.errors import NmtError
 from nmt.settings import COUNT, INT32_MAX, POSITIVE, SEED, THREADS, Range, check_ranges, setting
 from nmt.data.tokenizer import SPECIAL_TOKENS, VOCAB_TYPES
 
+SETTINGS_ADDED = {"subword_samples": 0}
+"""Settings added after run directories already existed, with the value those were made with."""
 RECORD = "preprocess"
 """The run directory's record of a preprocessing result: config/preprocess.json."""
 ENCODING_ERRORS = ("strict", "replace")
@@ -54,7 +56,15 @@ class PreprocessConfig:
                                "other (clean-corpus-n default 9; fairseq's WMT14 script: 1.5).")
     encoding_errors: str = setting("strict", "strict: invalid UTF-8 is an error naming file and line; "
                                    "replace: substitute U+FFFD and go on.")
-    seed: int = setting(1, "Seed of the uniform sample of training pairs the vocabulary is learned from.")
+    subword_samples: int = setting(0, "Subword regularization: also store this many sampled segmentations of the training "
+                                   "pairs (splits train.sample1..K); `nmt train` trains epoch e on sample ((e-1) mod K)+1. "
+                                   "bpe: BPE-dropout (Provilkov et al. 2020); unigram: sampling (Kudo 2018); not for "
+                                   "wordpiece. Valid, test and translation keep the deterministic segmentation. 0: off.")
+    subword_alpha: float = setting(0.1, "With --subword-samples: bpe: the probability of dropping each merge (Provilkov et "
+                                   "al.: 0.1); unigram: the smoothing of the sampling distribution (SentencePiece: 0.1; "
+                                   "all segmentations, nbest -1).")
+    seed: int = setting(1, "Seed of the uniform sample of training pairs the vocabulary is learned from, and of "
+                        "--subword-samples.")
     workers: int = setting(0, "Worker processes for tokenization (0: all cores); does not change the result.")
 
     def test_prefixes(self) -> list[str]:
@@ -86,6 +96,7 @@ class PreprocessConfig:
         "vocab_size": Range(len(SPECIAL_TOKENS) + 1, INT32_MAX), "vocab_sample_lines": POSITIVE,
         "character_coverage": Range(0.0, 1.0, low_open=True), "min_len": COUNT, "max_len": POSITIVE,
         "max_ratio": Range(1.0, math.inf, high_open=True), "seed": SEED, "workers": THREADS,
+        "subword_samples": Range(0, 1000), "subword_alpha": Range(0.0, 1.0, low_open=True),
     }
     """The range of every numeric setting (`nmt.settings`); the vocabulary holds the special tokens and more."""
 
@@ -107,6 +118,11 @@ class PreprocessConfig:
             raise NmtError("no input given; pass --trainpref (and --validpref, --testpref)")
         if not self.trainpref and not self.vocab:
             raise NmtError("--trainpref is required to learn a vocabulary (or pass --vocab to reuse one)")
+        if self.subword_samples and not self.trainpref:
+            raise NmtError("--subword-samples samples segmentations of the training data; pass --trainpref too")
+        if self.subword_samples and self.vocab_type == "wordpiece" and not self.vocab:
+            raise NmtError("--subword-samples needs a SentencePiece vocabulary: WordPiece cuts words by greedy longest "
+                           "match and has no segmentations to sample; use --vocab-type bpe (BPE-dropout) or unigram")
         if self.max_len < self.min_len:
             raise NmtError(f"--min-len {self.min_len} is more than --max-len {self.max_len}; no pair could be kept")
 
@@ -114,6 +130,8 @@ class PreprocessConfig:
         """The settings that determine the result (paths made absolute; `workers` left out)."""
         s = asdict(self)
         del s["workers"]
+        if not self.subword_samples:  # alpha means nothing then
+            del s["subword_alpha"]
         for key in ("trainpref", "validpref", "vocab"):
             if s[key]:
                 s[key] = str(Path(s[key]).absolute())

@@ -45,6 +45,10 @@ class Job:
     vocab_type: str = "bpe"
     unk_id: int = 1
     dtype: str = "<u2"
+    samples: int = 0
+    """Sampled segmentations to encode besides the deterministic one (train only; subword_sampling)."""
+    alpha: float = 0.1
+    seed: int = 1
 
 
 # A chunk task: (job, 1-based number of its first line, source lines, target lines,

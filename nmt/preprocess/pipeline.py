@@ -56,7 +56,8 @@ from nmt.data.token_arrays import TokenArrayWriter, split_paths, token_dtype
 from nmt.errors import NmtError
 from nmt.run.identity import vocab_hashes
 from nmt.os_errors import naming
-from nmt.preprocess.config import NORMALIZATION, RECORD, PreprocessConfig
+from nmt.preprocess.config import NORMALIZATION, RECORD, SETTINGS_ADDED, PreprocessConfig
+from nmt.preprocess.subword_sampling import METHODS, SegmentationSampler, chunk_seed, sample_split, sentencepiece_kind
 from nmt.preprocess.staging import install, remove_leftover_staging, staging_dir
 from nmt.run.directory import RunDir, check_run_dir_path
 from nmt.run.lock import RunLock, command_line
@@ -121,7 +122,9 @@ def _preprocess_into(run: RunDir, cfg: PreprocessConfig, inputs: dict[str, dict[
         vocab_sizes = {lang: tok.vocab_size for lang, tok in tokenizers.items()}
         special_ids = tokenizers[cfg.target_lang].special_ids
         marian = isinstance(tokenizers[cfg.target_lang], MarianTokenizer)
+        vocab_type = "marian" if marian else cfg.vocab_type
         dtype = token_dtype(max(vocab_sizes.values()))
+        sampling = _sampling_record(cfg, vocab_type, tokenizers) if cfg.subword_samples else None
 
         # 3. Binarization, split by split.
         (stage / "data").mkdir()
@@ -133,6 +136,7 @@ def _preprocess_into(run: RunDir, cfg: PreprocessConfig, inputs: dict[str, dict[
                 errors=cfg.encoding_errors, moses=cfg.moses, rules=cfg.rules(), clean=split == "train",
                 src_vocab=str(stage / vocab_files[cfg.source_lang]), tgt_vocab=str(stage / vocab_files[cfg.target_lang]),
                 vocab_type=cfg.vocab_type, dtype=dtype.str, unk_id=special_ids.unk,
+                samples=cfg.subword_samples if split == "train" else 0, alpha=cfg.subword_alpha, seed=cfg.seed,
             )
             split_summaries[split] = _binarize_split(split, job, pairs[split], stage / "data", runner, progress)
         train = split_summaries.get("train")
@@ -144,7 +148,7 @@ def _preprocess_into(run: RunDir, cfg: PreprocessConfig, inputs: dict[str, dict[
         record = {
             "source_lang": cfg.source_lang,
             "target_lang": cfg.target_lang,
-            "vocab_type": "marian" if marian else cfg.vocab_type,
+            "vocab_type": vocab_type,
             "joined": True if marian else cfg.joined,
             "vocab": {lang: str(rel) for lang, rel in vocab_files.items()},
             "vocab_sizes": vocab_sizes,
@@ -158,6 +162,7 @@ def _preprocess_into(run: RunDir, cfg: PreprocessConfig, inputs: dict[str, dict[
                 split: {"pairs": s["pairs"], "files": {lang: str(p) for lang, p in inputs[split].items()}}
                 for split, s in split_summaries.items()
             },
+            **({"subword_sampling": sampling} if sampling else {}),
             "settings": settings,
             "inputs": fingerprints,
             "summary": {"vocab": vocab_summary, "splits": split_summaries},
@@ -221,7 +226,7 @@ def _existing_result(run: RunDir, settings: dict[str, Any], fingerprints: dict[s
         raise NmtError(f"--run-dir {run.root} is a file, not a directory")
     if run.has_record(RECORD) and not force:
         old = run.read_record(RECORD)
-        old_settings = old.get("settings", {})
+        old_settings = {**SETTINGS_ADDED, **old.get("settings", {})}
         if old_settings != settings:
             changed = [f"{k} {old_settings.get(k)!r} -> {settings.get(k)!r}" for k in settings if old_settings.get(k) != settings.get(k)]
             raise NmtError(f"{run.root} is already preprocessed with other settings ({'; '.join(changed[:3])}); "
@@ -244,10 +249,31 @@ def _existing_result(run: RunDir, settings: dict[str, Any], fingerprints: dict[s
 
 def _output_files(record: dict[str, Any]) -> list[str]:
     files = sorted(set(record.get("vocab", {}).values()))
-    for split in record.get("splits", {}):
+    for split in [*record.get("splits", {}), *record.get("subword_sampling", {}).get("splits", [])]:
         for lang in (record["source_lang"], record["target_lang"]):
             files.extend(str(p) for p in split_paths(Path("data"), split, lang))
     return files
+
+
+def _sampling_record(cfg: PreprocessConfig, vocab_type: str, tokenizers: dict[str, Any]) -> dict[str, Any]:
+    """What --subword-samples stores (the record's "subword_sampling"); refused for a vocabulary
+    that cannot sample (WordPiece, also when given with --vocab)."""
+    if vocab_type == "marian":
+        raise NmtError("--subword-samples does not sample an imported Marian vocabulary yet (its pieces are numbered by "
+                       "vocab.json); drop --subword-samples to fine-tune on the deterministic segmentation")
+    if not all(isinstance(t, SentencePieceTokenizer) for t in tokenizers.values()):
+        raise NmtError(f"--subword-samples needs a SentencePiece vocabulary, but this one is {vocab_type}: WordPiece "
+                       f"cuts words by greedy longest match and has no segmentations to sample; drop --subword-samples "
+                       f"or use a bpe or unigram vocabulary")
+    kinds = sorted({sentencepiece_kind(t.sp) for t in tokenizers.values()})
+    return {
+        "samples": cfg.subword_samples,
+        "alpha": cfg.subword_alpha,
+        "method": "; ".join(METHODS[kind] for kind in kinds),
+        "seed": cfg.seed,
+        "splits": [sample_split(k) for k in range(1, cfg.subword_samples + 1)],
+        "epochs": "nmt train trains epoch e on sample ((e - 1) mod samples) + 1",
+    }
 
 
 # -- 3. binarization ---------------------------------------------------------------------------
@@ -262,6 +288,8 @@ class _Chunk:
     src_sizes: np.ndarray
     tgt_ids: np.ndarray
     tgt_sizes: np.ndarray
+    samples: list[tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]] = field(default_factory=list)
+    """Per sampled segmentation k = 1..K: ((src ids, sizes), (tgt ids, sizes))."""
 
 
 _WORKER_ENCODERS: dict[str, Any] = {}
@@ -288,9 +316,18 @@ class _PlainEncoder:
         return flatten(self.tokenizer.encode(lines), dtype)
 
 
+def _worker_sampler(path: str, alpha: float) -> SegmentationSampler:
+    """A worker's segmentation sampler, loaded once per vocabulary."""
+    key = f"{path}\0{alpha}"
+    if key not in _WORKER_ENCODERS:
+        _WORKER_ENCODERS[key] = SegmentationSampler(path, alpha)
+    return _WORKER_ENCODERS[key]
+
+
 def _encode_chunk(task: Task) -> _Chunk:
-    """Worker: decode, (Moses), clean (train only) and encode one chunk of pairs."""
-    job = task[0]
+    """Worker: decode, (Moses), clean (train only) and encode one chunk of pairs, then its sampled
+    segmentations (seeded per chunk, side and sample: the same whichever worker runs it)."""
+    job, first_line = task[0], task[1]
     src, tgt = prepared_pairs(task)
     codes = drop_codes(src, tgt, job.rules)
     if job.clean and codes.any():
@@ -299,7 +336,13 @@ def _encode_chunk(task: Task) -> _Chunk:
     dtype = np.dtype(job.dtype)
     src_ids, src_sizes = _worker_encoder(job.src_vocab, job.vocab_type).encode(src, dtype)
     tgt_ids, tgt_sizes = _worker_encoder(job.tgt_vocab, job.vocab_type).encode(tgt, dtype)
-    return _Chunk(len(codes), codes, src_ids, src_sizes, tgt_ids, tgt_sizes)
+    samplers = [_worker_sampler(path, job.alpha) for path in (job.src_vocab, job.tgt_vocab)] if job.samples else []
+    samples = [
+        tuple(flatten(sampler.encode(lines, chunk_seed(job.seed, k, side, first_line)), dtype)
+              for side, (sampler, lines) in enumerate(zip(samplers, (src, tgt))))
+        for k in range(1, job.samples + 1)
+    ]
+    return _Chunk(len(codes), codes, src_ids, src_sizes, tgt_ids, tgt_sizes, samples)
 
 
 def _binarize_split(split: str, job: Job, n_pairs: int, data_dir: Path, runner: ChunkRunner,
@@ -308,6 +351,9 @@ def _binarize_split(split: str, job: Job, n_pairs: int, data_dir: Path, runner: 
     dtype = np.dtype(job.dtype)
     langs = (job.source_lang, job.target_lang)
     writers = [TokenArrayWriter(*split_paths(data_dir, split, lang), dtype) for lang in langs]
+    sample_writers = [[TokenArrayWriter(*split_paths(data_dir, sample_split(k), lang), dtype) for lang in langs]
+                      for k in range(1, job.samples + 1)]
+    sample_tokens = np.zeros((job.samples, 2), dtype=np.int64)
     codes_count = np.zeros(len(DROP_REASONS) + 1, dtype=np.int64)
     sentences, tokens, unk, empty = (np.zeros(2, dtype=np.int64) for _ in range(4))
     with progress_bar(n_pairs, f"binarize {split}", progress) as bar:
@@ -321,9 +367,14 @@ def _binarize_split(split: str, job: Job, n_pairs: int, data_dir: Path, runner: 
                     tokens[side] += len(ids)
                     unk[side] += np.count_nonzero(ids == job.unk_id)
                     empty[side] += np.count_nonzero(sizes == 0)
+                for k, sides in enumerate(chunk.samples):
+                    for side, (ids, sizes) in enumerate(sides):
+                        with naming(sample_writers[k][side].bin_path):
+                            sample_writers[k][side].add(ids, sizes)
+                        sample_tokens[k, side] += len(ids)
                 bar.update(chunk.pairs_in)
         finally:
-            for w in writers:
+            for w in [*writers, *(w for pair in sample_writers for w in pair)]:
                 with naming(w.bin_path):
                     w.close()
     reasons = {reason: int(codes_count[i + 1]) for i, reason in enumerate(DROP_REASONS)}
@@ -346,4 +397,7 @@ def _binarize_split(split: str, job: Job, n_pairs: int, data_dir: Path, runner: 
             for side, (lang, path) in enumerate(zip(langs, (job.src_path, job.tgt_path)))
         },
     }
+    if job.samples:  # sampled segmentations are longer: what an epoch on each costs
+        summary["samples"] = {sample_split(k + 1): {lang: int(sample_tokens[k, side]) for side, lang in enumerate(langs)}
+                              for k in range(job.samples)}
     return summary

@@ -72,6 +72,10 @@ class TrainConfig:
     weight_decay: float = setting(0.0, "Weight decay (paper: none).")
     clip_norm: float = setting(0.0, "Clip the gradient norm to this value; 0 disables (paper: no clipping).")
     seed: int = setting(1, "Seed for initialisation, dropout and the per-epoch batch order.")
+    subword_sampling: bool = setting(True, "Train epoch e on sampled segmentation ((e-1) mod K)+1 when `nmt preprocess "
+                                     "--subword-samples K` stored some (subword regularization: Kudo 2018, BPE-dropout); "
+                                     "--no-subword-sampling trains every epoch on the deterministic one. Validation "
+                                     "always uses the deterministic one.")
     max_update: int = setting(0, "Stop after this many updates; 0 = no limit (paper: 100k base, 300k big).")
     max_epoch: int = setting(0, "Stop after this many epochs; 0 = no limit.")
     max_time: float = setting(0.0, "Stop after this much training wall-clock time, validation and saving included, summed over resumes (e.g. 30m, 12h, 90s); the run ends within one update or one validation of it. 0 = no limit.")

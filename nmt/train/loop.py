@@ -38,6 +38,7 @@ from nmt.data.batching import Batch, collate, make_batches, usable_indices
 from nmt.run.checkpoint import CHECKPOINT_VERSION
 from nmt.run.checkpoint_files import CheckpointManager
 from nmt.data.token_arrays import TokenArray
+from nmt.preprocess.subword_sampling import sample_for_epoch, sample_split
 from nmt.train.engine import SkippedStep, TrainEngine, forward_loss
 from nmt.device import cpu_bf16_units
 from nmt.errors import Interrupted, NmtError
@@ -239,6 +240,11 @@ class Trainer:
         self.train_data = load_corpus(self.rd, self.prep, "train", self.model_cfg.max_positions)
         if len(self.train_data.indices) == 0:
             raise NmtError("no training pair fits the model's positions; check `nmt preprocess` output or raise --max-positions")
+        # Subword regularization: one sampled segmentation per epoch (nmt.preprocess.subword_sampling)
+        sampling = self.prep.get("subword_sampling")
+        self.samples = int(sampling["samples"]) if sampling and cfg.subword_sampling else 0
+        self.sampled_data = [load_corpus(self.rd, self.prep, sample_split(k), self.model_cfg.max_positions)
+                             for k in range(1, self.samples + 1)]
         self.valid_data = (
             load_corpus(self.rd, self.prep, "valid", self.model_cfg.max_positions)
             if (self.rd.data_dir / f"valid.{self.prep['source_lang']}.idx").is_file() else None
@@ -282,7 +288,10 @@ class Trainer:
         self.engine.load_scaler(ckpt.get("scaler"))
 
     def _batching(self) -> dict[str, int]:
-        return {**{k: int(getattr(self.cfg, k)) for k in BATCHING_FIELDS}, "world_size": self.ctx.world_size}
+        """What forms an epoch's batches: the batching flags, the world size, and how many sampled
+        segmentations the epochs cycle through (which one an epoch uses follows from its number)."""
+        return {**{k: int(getattr(self.cfg, k)) for k in BATCHING_FIELDS}, "world_size": self.ctx.world_size,
+                "segmentations": self.samples}
 
     def _check_batching(self) -> None:
         """Resuming with other batching settings cannot continue the epoch's list: restart it."""
@@ -320,9 +329,15 @@ class Trainer:
         """One training batch as tensors, padded to --required-seq-len-multiple."""
         return collate(src, tgt, ids, self.cfg.required_seq_len_multiple, self.model_cfg.special_ids)
 
+    def epoch_corpus(self, epoch: int) -> Corpus:
+        """The segmentation epoch `epoch` trains on: sample ((epoch - 1) mod K) + 1 of the K that
+        `nmt preprocess --subword-samples K` stored, else the deterministic one."""
+        k = sample_for_epoch(epoch, self.samples)
+        return self.sampled_data[k - 1] if k else self.train_data
+
     def epoch_groups(self, epoch: int) -> list[list[np.ndarray]]:
         """This epoch's batches in groups of world_size x update_freq: one group per update."""
-        d = self.train_data
+        d = self.epoch_corpus(epoch)
         batches = make_batches(d.src.sizes, d.tgt.sizes, d.indices, self.cfg.max_tokens, self.cfg.seed, epoch,
                                len_multiple=self.cfg.required_seq_len_multiple,
                                batch_multiple=self.cfg.required_batch_size_multiple)
@@ -474,7 +489,7 @@ class Trainer:
         if s.updates_in_epoch >= len(groups):  # resumed exactly at an epoch's end
             s.epoch, s.updates_in_epoch = s.epoch + 1, 0
             return None
-        d = self.train_data
+        d = self.epoch_corpus(s.epoch)
         with BatchStream(d.src, d.tgt, groups, rank=self.ctx.rank, world_size=self.ctx.world_size,
                          device=self.device, start=s.updates_in_epoch, collate_fn=self.collate) as stream:
             return self._run_updates(stream, len(groups), clock, interrupt)
@@ -525,6 +540,9 @@ class Trainer:
             f"at most {per_update} tokens per side per update (max_tokens {self.cfg.max_tokens} x update_freq "
             f"{self.cfg.update_freq} x world {self.ctx.world_size}); {len(d.indices)} training pairs"
             + (f", {d.n_skipped} skipped as longer than {self.model_cfg.max_positions - 1} tokens" if d.n_skipped else "")
+            + (f"; subword sampling: epoch e trains on {sample_split('k')} with k = ((e-1) mod {self.samples})+1 "
+               f"({self.prep['subword_sampling']['method']}, alpha {self.prep['subword_sampling']['alpha']:g})"
+               if self.samples else "")
         )
 
     def train_record(self) -> dict[str, Any]:
@@ -539,6 +557,7 @@ class Trainer:
             "max_tokens_per_update": self.cfg.max_tokens * self.cfg.update_freq * self.ctx.world_size,
             "train_pairs": int(len(self.train_data.indices)),
             "skipped_long_pairs": self.train_data.n_skipped,
+            "subword_samples": self.samples,
             "launches": self.history,
         }
 

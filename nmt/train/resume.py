@@ -38,7 +38,7 @@ FIRST_LAUNCH_ONLY = ("restore_file", "finetune_from", "reset_optimizer", "reset_
 """Flags that act once, on the launch that types them; never read back from a record."""
 BATCHING_FIELDS = ("max_tokens", "update_freq", "seed", "required_seq_len_multiple", "required_batch_size_multiple")
 """Settings that decide an epoch's batches; with the world size they are saved in each checkpoint."""
-BATCHING_DEFAULTS = {"required_seq_len_multiple": 1, "required_batch_size_multiple": 1}
+BATCHING_DEFAULTS = {"required_seq_len_multiple": 1, "required_batch_size_multiple": 1, "segmentations": 0}
 """Batching fields added after checkpoints already existed, with the value those checkpoints trained with."""
 MODES = ("fresh", "resume", "recover", "restore", "finetune")
 """fresh; resume (checkpoint_last.pt); recover (one of the run's own checkpoints, asked for with
