@@ -90,7 +90,8 @@ def print_summary(console: Any, record: dict[str, Any], root: Any) -> None:
         growth = ", ".join(f"{lang} {mean[lang] / max(det[lang], 1):.2f}x" for lang in mean)
         console.print(f"subword sampling: {sampling['samples']} sampled segmentations of the training pairs "
                       f"({', '.join(sampling['splits'][:2])}{', ...' if sampling['samples'] > 2 else ''}), "
-                      f"{sampling['method']}, alpha {sampling['alpha']:g}; {growth} the deterministic tokens; "
+                      f"{sampling['method']}, alpha {sampling['alpha']:g}, {sampling.get('sides', 'both')} side(s); "
+                      f"{growth} the deterministic tokens; "
                       f"`nmt train` takes one per epoch")
     console.print("valid/test are never filtered (empty lines stay as empty sentences); decoding the stored ids gives "
                   "back the input up to normalization (see `normalization` in config/preprocess.json).")

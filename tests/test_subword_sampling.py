@@ -106,6 +106,19 @@ def test_bpe_dropout_without_dropout_is_sentencepieces_bpe_and_unigram_sampling_
         assert same >= least * len(lines), (vocab_type, same, len(lines))  # unigram: ties may be broken otherwise
 
 
+def test_source_side_only_sampling_keeps_the_deterministic_targets(text, tmp_path):
+    record = _preprocess(text, tmp_path / "src", "--subword-samples", "2", "--subword-sides", "source", "--workers", "1")
+    assert record["subword_sampling"]["sides"] == "source"
+    data = tmp_path / "src/data"
+    for k in (1, 2):
+        assert (data / f"train.sample{k}.de.bin").read_bytes() == (data / "train.de.bin").read_bytes()
+        assert (data / f"train.sample{k}.de.idx").read_bytes() == (data / "train.de.idx").read_bytes()
+        assert (data / f"train.sample{k}.en.bin").read_bytes() != (data / "train.en.bin").read_bytes()
+    proc = run_nmt("preprocess", "-r", tmp_path / "bad", "-s", "en", "-t", "de", "--trainpref", text / "train",
+                   "--subword-samples", "2", "--subword-sides", "target")
+    assert_one_line_error(proc, "--subword-sides", "both", "source")
+
+
 def test_epochs_cycle_through_the_samples():
     assert [sample_for_epoch(e, 3) for e in range(1, 8)] == [1, 2, 3, 1, 2, 3, 1]
     assert sample_for_epoch(5, 0) == 0

@@ -18,6 +18,7 @@ SETTINGS_ADDED = {"subword_samples": 0}
 RECORD = "preprocess"
 """The run directory's record of a preprocessing result: config/preprocess.json."""
 ENCODING_ERRORS = ("strict", "replace")
+SUBWORD_SIDES = ("both", "source")
 NORMALIZATION = (
     "SentencePiece (bpe, unigram): NFKC, whitespace runs collapsed, ends stripped; "
     "WordPiece: NFKC, ends stripped; uncovered characters become <unk>, decoded as ' \u2047 ' by both; "
@@ -63,9 +64,13 @@ class PreprocessConfig:
     subword_alpha: float = setting(0.1, "With --subword-samples: bpe: the probability of dropping each merge (Provilkov et "
                                    "al.: 0.1); unigram: the smoothing of the sampling distribution (SentencePiece: 0.1; "
                                    "all segmentations, nbest -1).")
+    subword_sides: str = setting("both", "With --subword-samples: which sides are sampled: both (Provilkov et al., Kudo) or "
+                                 "source (the target keeps its deterministic segmentation, which the decoder then "
+                                 "learns to write).")
     seed: int = setting(1, "Seed of the uniform sample of training pairs the vocabulary is learned from, and of "
                         "--subword-samples.")
-    workers: int = setting(0, "Worker processes for tokenization (0: all cores); does not change the result.")
+    workers: int = setting(0, "Worker processes for tokenization (0: all cores); does not change the result, except "
+                         "that SentencePiece's unigram training (--vocab-type unigram) varies slightly with its thread count.")
 
     def test_prefixes(self) -> list[str]:
         return [p.strip() for p in (self.testpref or "").split(",") if p.strip()]
@@ -123,6 +128,8 @@ class PreprocessConfig:
         if self.subword_samples and self.vocab_type == "wordpiece" and not self.vocab:
             raise NmtError("--subword-samples needs a SentencePiece vocabulary: WordPiece cuts words by greedy longest "
                            "match and has no segmentations to sample; use --vocab-type bpe (BPE-dropout) or unigram")
+        if self.subword_sides not in SUBWORD_SIDES:
+            raise NmtError(f"unknown --subword-sides {self.subword_sides!r}; choose one of {', '.join(SUBWORD_SIDES)}")
         if self.max_len < self.min_len:
             raise NmtError(f"--min-len {self.min_len} is more than --max-len {self.max_len}; no pair could be kept")
 
@@ -130,8 +137,8 @@ class PreprocessConfig:
         """The settings that determine the result (paths made absolute; `workers` left out)."""
         s = asdict(self)
         del s["workers"]
-        if not self.subword_samples:  # alpha means nothing then
-            del s["subword_alpha"]
+        if not self.subword_samples:  # alpha and sides mean nothing then
+            del s["subword_alpha"], s["subword_sides"]
         for key in ("trainpref", "validpref", "vocab"):
             if s[key]:
                 s[key] = str(Path(s[key]).absolute())

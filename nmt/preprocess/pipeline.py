@@ -137,6 +137,7 @@ def _preprocess_into(run: RunDir, cfg: PreprocessConfig, inputs: dict[str, dict[
                 src_vocab=str(stage / vocab_files[cfg.source_lang]), tgt_vocab=str(stage / vocab_files[cfg.target_lang]),
                 vocab_type=cfg.vocab_type, dtype=dtype.str, unk_id=special_ids.unk,
                 samples=cfg.subword_samples if split == "train" else 0, alpha=cfg.subword_alpha, seed=cfg.seed,
+                sample_target=cfg.subword_sides == "both",
             )
             split_summaries[split] = _binarize_split(split, job, pairs[split], stage / "data", runner, progress)
         train = split_summaries.get("train")
@@ -270,6 +271,7 @@ def _sampling_record(cfg: PreprocessConfig, vocab_type: str, tokenizers: dict[st
         "samples": cfg.subword_samples,
         "alpha": cfg.subword_alpha,
         "method": "; ".join(METHODS[kind] for kind in kinds),
+        "sides": cfg.subword_sides,
         "seed": cfg.seed,
         "splits": [sample_split(k) for k in range(1, cfg.subword_samples + 1)],
         "epochs": "nmt train trains epoch e on sample ((e - 1) mod samples) + 1",
@@ -338,8 +340,9 @@ def _encode_chunk(task: Task) -> _Chunk:
     tgt_ids, tgt_sizes = _worker_encoder(job.tgt_vocab, job.vocab_type).encode(tgt, dtype)
     samplers = [_worker_sampler(path, job.alpha) for path in (job.src_vocab, job.tgt_vocab)] if job.samples else []
     samples = [
-        tuple(flatten(sampler.encode(lines, chunk_seed(job.seed, k, side, first_line)), dtype)
-              for side, (sampler, lines) in enumerate(zip(samplers, (src, tgt))))
+        (flatten(samplers[0].encode(src, chunk_seed(job.seed, k, 0, first_line)), dtype),
+         flatten(samplers[1].encode(tgt, chunk_seed(job.seed, k, 1, first_line)), dtype) if job.sample_target
+         else (tgt_ids, tgt_sizes))
         for k in range(1, job.samples + 1)
     ]
     return _Chunk(len(codes), codes, src_ids, src_sizes, tgt_ids, tgt_sizes, samples)
