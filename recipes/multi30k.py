@@ -38,12 +38,11 @@ TRAINING: dict[str, Any] = {
     # MODEL_CHOICES below says what each kind of machine gets and the runs behind it.
     "ARCH": "auto",                # `nmt archs`, or auto (see MODEL_CHOICES)
     "VOCAB": 8000,                 # joint BPE vocabulary size (nmt preprocess --vocab-size)
-    # Subword regularization (BPE-dropout): off, because in 30 minutes every sampled variant tried
-    # lost on val (both sides 34.6 / 38.2 with dropout 0.2 / 0.1, source only 39.2, off 39.5;
-    # bench/RESULTS.md): sampled cuts cost 1.21x the tokens per epoch, and 17 epochs are too few.
-    "SUBWORD_SAMPLES": 0,          # sampled segmentations of the training set, one per epoch (--subword-samples; 0 = off)
+    # Subword regularization (BPE-dropout) of the source side, one sampled segmentation per
+    # epoch, or auto (see MODEL_CHOICES). Sampling the target side too lost on val every time.
+    "SUBWORD_SAMPLES": "auto",     # sampled segmentations of the training set (--subword-samples; 0 = off), or auto
     "SUBWORD_ALPHA": 0.1,          # probability of dropping a merge (--subword-alpha; Provilkov et al. 2020: 0.1)
-    "SUBWORD_SIDES": "both",       # sampled sides: both or source (--subword-sides)
+    "SUBWORD_SIDES": "source",     # sampled sides: source or both (--subword-sides)
     "MAX_TOKENS": 2048,            # tokens per batch and side, padding included (--max-tokens)
     "UPDATE_FREQ": 1,              # batches accumulated per update (--update-freq)
     "LR": 2e-3,                    # peak learning rate after warmup, then inverse sqrt (--lr)
@@ -55,24 +54,30 @@ TRAINING: dict[str, Any] = {
     "MAX_UPDATE": 0,               # stop after this many updates instead, if sooner (0 = budget only)
     # Interval checkpoints every BUDGET/15 of training time (2 min of 30) when -1, on the training
     # clock, whatever the epoch length; the final one closes the last interval. Averaging the
-    # last 3 then covers the last 20% of training on a CPU that runs 8 epochs in the budget and
-    # on one that runs 200.
+    # last 5 (3) then covers the last 33% (20%) of training on a CPU that runs 8 epochs in the
+    # budget and on one that runs 200.
     "SAVE_INTERVAL_MINUTES": -1.0, # --save-interval-minutes; -1 = BUDGET / 15
-    "AVERAGE_LAST": 3,             # average the last N interval checkpoints
+    "AVERAGE_LAST": "auto",        # average the last N interval checkpoints (--keep-last follows), or auto
     "AVERAGE_KIND": "updates",     # which ones count: all, updates (interval) or epochs
     "LOG_INTERVAL": 100,           # a train record in logs/train.jsonl every N updates
     "TRAIN_ARGS": "",              # any further `nmt train` flags, e.g. "--clip-norm 1 --pre-ln"
 }
 
-# What ARCH=auto and DROPOUT=auto become. Equal wall-clock comparisons on `val` (README,
-# "Results"): on a CPU with bf16 matrix units (AVX512-BF16/AMX) bf16 trains `small` about as
-# fast as fp32 trains `mini`, and `mini` saturates there halfway through 30 minutes, so the
-# larger model, with more dropout against 29k pairs, uses the budget; without bf16 units
-# `small` sees too few epochs in 30 minutes, and `mini` stays.
+# What each "auto" above becomes, by the precision training will use. Equal wall-clock
+# comparisons on `val` (bench/RESULTS.md): on a CPU with bf16 matrix units (AVX512-BF16/AMX)
+# bf16 trains `small` about as fast as fp32 trains `mini`, and `mini` saturates there halfway
+# through 30 minutes, so the larger model, with more dropout against 29k pairs, uses the
+# budget; without bf16 units `small` sees too few epochs in 30 minutes, and `mini` stays.
+# With bf16 on 2 threads (Sapphire Rapids, 30-36 epochs) source-side BPE-dropout (20 samples)
+# gave val 39.98 against 39.02 without, and averaging the last 5 interval checkpoints instead
+# of 3 gave 40.40 / 39.47 (the 1-thread search, at 17-20 epochs, had preferred neither).
+# Without bf16 units neither was measured, so fp32 keeps what it had.
 MODEL_CHOICES: dict[str, dict[str, Any]] = {
-    "bf16": {"ARCH": "small", "DROPOUT": 0.2},
-    "fp32": {"ARCH": "mini", "DROPOUT": 0.1},
+    "bf16": {"ARCH": "small", "DROPOUT": 0.2, "SUBWORD_SAMPLES": 20, "AVERAGE_LAST": 5},
+    "fp32": {"ARCH": "mini", "DROPOUT": 0.1, "SUBWORD_SAMPLES": 0, "AVERAGE_LAST": 3},
 }
+AUTO_INTEGERS = ("SUBWORD_SAMPLES", "AVERAGE_LAST")
+"""The integer settings among MODEL_CHOICES' keys: an environment value for them is read as an integer."""
 
 # The paper's beam 4; the length penalty chosen on val. With the paper's alpha 0.6 these models
 # write too short (val length ratio 0.92, brevity penalty 0.91); alpha 1.4 gave +0.6 to +0.8
@@ -190,8 +195,8 @@ def build_steps(s: dict[str, Any]) -> list[Step]:
         "--update-freq", s["UPDATE_FREQ"], "--lr", flag_value(s["LR"]), "--warmup", s["WARMUP"],
         "--dropout", flag_value(s["DROPOUT"]), "--label-smoothing", flag_value(s["LABEL_SMOOTHING"]),
         "--amp", s["AMP"], *budget, *(["--max-update", str(s["MAX_UPDATE"])] if s["MAX_UPDATE"] else []),
-        "--save-interval-minutes", flag_value(save_interval), "--log-interval", s["LOG_INTERVAL"],
-        *threads, *shlex.split(s["TRAIN_ARGS"]),
+        "--save-interval-minutes", flag_value(save_interval), "--keep-last", max(5, s["AVERAGE_LAST"]),
+        "--log-interval", s["LOG_INTERVAL"], *threads, *shlex.split(s["TRAIN_ARGS"]),
     ]))
 
     # 4. average the last K checkpoints (fewer, said on stderr, if training wrote fewer)
@@ -296,7 +301,7 @@ def summarize(s: dict[str, Any], run: Path, hyp: Path, score_json: Path, valid_j
 
 
 def choose_model(s: dict[str, Any]) -> dict[str, Any]:
-    """Resolve ARCH/DROPOUT "auto" from MODEL_CHOICES by the precision training will use;
+    """Resolve every "auto" among MODEL_CHOICES' keys by the precision training will use;
     return what was chosen and why (printed, and kept in summary.json)."""
     import torch
 
@@ -310,8 +315,8 @@ def choose_model(s: dict[str, Any]) -> dict[str, Any]:
         units, evidence = cpu_bf16_units()
         why = f"CPU {'with' if units else 'without'} bf16 matrix units ({evidence}), --amp {s['AMP']} -> {amp}"
     kind = "fp32" if amp == "none" else "bf16"
-    chosen = {key: (MODEL_CHOICES[kind][key] if s[key] == "auto" else s[key]) for key in ("ARCH", "DROPOUT")}
-    auto = [key for key in ("ARCH", "DROPOUT") if s[key] == "auto"]
+    chosen = {key: (value if s[key] == "auto" else s[key]) for key, value in MODEL_CHOICES[kind].items()}
+    auto = [key for key in MODEL_CHOICES[kind] if s[key] == "auto"]
     s.update(chosen)
     return {"precision": amp, "machine": why, "rule": kind, "auto": auto, **{k.lower(): v for k, v in chosen.items()}}
 
@@ -332,10 +337,18 @@ def settings() -> dict[str, Any]:
             parse_duration(s["BUDGET"])
         except NmtError as e:
             raise RecipeError(f"BUDGET: {e}") from None
-    if s["AVERAGE_LAST"] < 1:
-        raise RecipeError(f"AVERAGE_LAST={s['AVERAGE_LAST']} must be at least 1")
+    for key in AUTO_INTEGERS:
+        if s[key] != "auto":
+            try:
+                s[key] = int(s[key])
+            except ValueError:
+                raise RecipeError(f"{key}={s[key]!r} is not an integer or auto") from None
     s["RUN_DIR"] = s["RUN_DIR"] or f"runs/multi30k-{s['SRC']}-{s['TGT']}"
     s["CHOICE"] = choose_model(s)
+    if s["AVERAGE_LAST"] < 1:
+        raise RecipeError(f"AVERAGE_LAST={s['AVERAGE_LAST']} must be at least 1")
+    if s["SUBWORD_SAMPLES"] < 0:
+        raise RecipeError(f"SUBWORD_SAMPLES={s['SUBWORD_SAMPLES']} must be 0 (off) or more")
     return s
 
 
@@ -348,7 +361,8 @@ def main() -> None:
           + (" (dry run: nothing is executed)" if s["DRY_RUN"] else ""), flush=True)
     c = s["CHOICE"]
     if c["auto"]:
-        print(f"chose arch {c['arch']}, dropout {flag_value(c['dropout'])} ({', '.join(c['auto'])} = auto): "
+        print(f"chose arch {c['arch']}, dropout {flag_value(c['dropout'])}, {c['subword_samples']} subword samples, "
+              f"average of the last {c['average_last']} ({', '.join(c['auto'])} = auto): "
               f"{c['machine']}; see MODEL_CHOICES in {PROG}", flush=True)
     run_steps(build_steps(s), s["DRY_RUN"])
 

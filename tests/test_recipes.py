@@ -166,6 +166,17 @@ def test_multi30k_recipe_refuses_a_language_outside_multi30k(tmp_path: Path):
     assert len(lines) == 1 and "TGT=es" in lines[0] and "en, de, fr, cs" in lines[0]
 
 
+@pytest.mark.parametrize("key, value, says", [("AVERAGE_LAST", "last", "AVERAGE_LAST='last' is not an integer or auto"),
+                                               ("AVERAGE_LAST", "0", "AVERAGE_LAST=0 must be at least 1"),
+                                               ("SUBWORD_SAMPLES", "-2", "SUBWORD_SAMPLES=-2 must be 0 (off) or more")])
+def test_multi30k_recipe_checks_its_auto_integer_settings_in_one_line(tmp_path: Path, key: str, value: str, says: str):
+    proc = run_recipe("multi30k", {"RUN_DIR": str(tmp_path / "run"), key: value, "AMP": "none", "DRY_RUN": "1"})
+    assert proc.returncode == 1
+    lines = stderr_lines(proc)
+    assert len(lines) == 1 and says in lines[0], proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
 # ---------------------------------------------------------------------------------------
 # WMT14: a fake corpus in the layout of the extracted statmt.org tarballs
 # ---------------------------------------------------------------------------------------
