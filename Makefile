@@ -8,7 +8,7 @@ TORCH_REQ ?= torch
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test bench bench-preprocess bench-train bench-train-gpu bench-translate bench-scale bench-serve bench-constraints bench-alignment recipe-multi30k recipe-wmt14-ende clean
+.PHONY: install test bench bench-preprocess bench-train bench-train-gpu bench-translate bench-decoder-ops bench-scale bench-serve bench-constraints bench-alignment recipe-multi30k recipe-wmt14-ende clean
 
 install: $(STAMP)
 
@@ -44,6 +44,10 @@ bench-train-gpu: install
 RUNS ?=
 bench-translate: install
 	$(BIN)/python bench/bench_translate.py $(RUNS)
+
+# The decoder step's CPU ops (oneDNN products, encoder-decoder attention) against the stock ops.
+bench-decoder-ops: install
+	$(BIN)/python bench/bench_decoder_ops.py
 
 # WMT-scale data path on a synthetic 4.5M-pair corpus (newstest lengths): preprocess, batching,
 # first update with --distributed-world-size 2 on CPU, big checkpoint write.

@@ -113,6 +113,20 @@ def test_tiny_model_overfits_a_handful_of_pairs():
     assert loss.item() / target.numel() < 0.02
 
 
+def test_attention_by_products_equals_sdpa_with_a_padding_mask():
+    """The encoder-decoder attention of CPU fp32 inference (beam queries grouped per sentence)
+    gives SDPA's result, padded source positions masked."""
+    from nmt.ops.attention import attention_by_products
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 4, 6, 8), torch.randn(3, 4, 9, 8), torch.randn(3, 4, 9, 8)
+    mask = torch.ones(3, 1, 1, 9, dtype=torch.bool)
+    mask[1, ..., 5:] = False
+    for m in (mask, None):
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
+        torch.testing.assert_close(attention_by_products(q, k, v, m), want, rtol=1e-5, atol=1e-5)
+
+
 def test_bf16_attention_on_cpu_is_computed_in_fp32_and_matches_sdpa():
     """CPU bf16 attention runs in fp32 (its bf16 backward is slow); same result as fp32 SDPA."""
     from nmt.ops.attention import cpu_attention as attend
@@ -255,3 +269,53 @@ def test_optimize_for_cpu_keeps_the_parameters_and_the_stock_models_numbers(dtyp
     for out, base, r in zip(_logits_and_grads(fast, src, prev, True), _logits_and_grads(stock, src, prev, True), ref):
         error, stock_error = ((out - r).norm() / r.norm()).item(), ((base - r).norm() / r.norm()).item()
         assert error <= 1.25 * stock_error + 0.01, (error, stock_error)
+
+
+@pytest.mark.parametrize("shape, bias", [((7, 32), True), ((5, 1, 32), True), ((3, 4, 32), False)])
+def test_onednn_linear_is_f_linear_in_fp32_inference_and_keeps_gradients_otherwise(shape, bias):
+    """The oneDNN product that fp32 inference takes on AMD CPUs equals F.linear to rounding;
+    with gradients on it is nn.Linear itself, backward included."""
+    from nmt.ops.onednn_linear import OneDnnLinear
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(32, 50, bias=bias)
+    x = torch.randn(*shape)
+    want = F.linear(x, layer.weight, layer.bias)
+    layer.__class__ = OneDnnLinear  # as nmt.ops.optimize_for makes it
+    with torch.inference_mode():
+        got = layer(x)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    out = layer(x.requires_grad_())
+    out.square().sum().backward()
+    assert x.grad is not None and layer.weight.grad is not None
+
+
+def test_inference_on_an_amd_cpu_takes_onednn_products_with_the_stock_models_search(monkeypatch):
+    """optimize_for(inference=True) on an AMD CPU swaps in oneDNN products (layers and the
+    vocabulary projection); beam search then finds the stock model's hypotheses."""
+    import nmt.ops.onednn_linear as onednn
+    from nmt.inference.beam_search import beam_search
+    from nmt.inference.config import SearchConfig
+    from nmt.ops import optimize_for
+
+    monkeypatch.setattr(onednn, "cpu_vendor", lambda: "AuthenticAMD")
+    torch.manual_seed(3)
+    cfg = build_config("tiny", 40, 40, dropout=0.0)
+    stock, fast = Transformer(cfg).eval(), Transformer(cfg)
+    fast.load_state_dict(stock.state_dict())
+    optimize_for(fast, torch.device("cpu"), torch.float32, inference=True).eval()
+    assert type(fast.decoder_layers[0].ffn.fc1) is onednn.OneDnnLinear and fast.onednn_projection
+    import nmt.ops.attention as attention
+
+    calls = []  # the vocabulary projection's (CpuTransformer.project_fp32)
+    monkeypatch.setattr(attention, "onednn_linear", lambda *a: calls.append(1) or onednn.onednn_linear(*a))
+    src = torch.tensor([[5, 6, 7, 9, EOS_ID], [8, 9, 11, EOS_ID, 0]])
+    search = SearchConfig(beam=4, nbest=2, max_len_b=10)
+    want, got = beam_search(stock, src, search), beam_search(fast, src, search)
+    assert calls, "the vocabulary projection did not take oneDNN"
+    assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
+    for g, w in zip(got, want):
+        assert [h.score for h in g] == pytest.approx([h.score for h in w], abs=1e-4)
+    optimize_for(training := Transformer(cfg), torch.device("cpu"), torch.float32)
+    assert type(training.decoder_layers[0].ffn.fc1) is not onednn.OneDnnLinear and not training.onednn_projection

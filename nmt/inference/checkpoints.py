@@ -75,4 +75,4 @@ def load_model(path: Path, device: torch.device, dtype: torch.dtype,
     except (RuntimeError, TypeError, ValueError) as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise NmtError(f"checkpoint {path} does not match its own model configuration ({reason}); it is damaged") from None
-    return optimize_for(model.to(device=device, dtype=dtype), device, dtype).eval()
+    return optimize_for(model.to(device=device, dtype=dtype), device, dtype, inference=True).eval()

@@ -12,6 +12,7 @@ in place: the classes change, the parameters and checkpoint keys do not.
 | CPU | `feed_forward.CpuFeedForward` | ReLU + dropout | one byte mask for both; padded bf16 rows kept once |
 | CPU | `bucketed_linear.BucketedLinear` | `nn.Linear` | bf16 training rows padded: oneDNN builds kernels once |
 | CPU | `output_saving_layer_norm.OutputSavingLayerNorm` | post-LN `nn.LayerNorm` | fp32 backward keeps the output only |
+| AMD CPU | `onednn_linear.OneDnnLinear`, `CpuTransformer.project_fp32` | `nn.Linear`, `F.linear` (inference, fp32) | oneDNN's matmul beats MKL's sgemm there |
 | GPU | `attention.GpuMultiHeadAttention` | `F.scaled_dot_product_attention` | no cuDNN kernel: it plans every shape on the host |
 """
 
@@ -23,10 +24,11 @@ import torch
 
 
 def optimize_for(model: torch.nn.Module, device: torch.device, dtype: Optional[torch.dtype] = None,
-                 row_multiple: int = 0) -> torch.nn.Module:
+                 row_multiple: int = 0, inference: bool = False) -> torch.nn.Module:
     """Give `model` (an `nmt.model.transformer.Transformer`) the ops that pay off on `device`
     for work in `dtype` (the autocast or weight dtype; None: fp32). `row_multiple` > 0 buckets
-    the rows of bf16 CPU training products (the trainer passes --max-tokens). Returns `model`."""
+    the rows of bf16 CPU training products (the trainer passes --max-tokens); `inference`
+    (translation, never trained) lets fp32 products take oneDNN where it pays off. Returns `model`."""
     from torch import nn
 
     from nmt.model.transformer import FeedForward, MultiHeadAttention, Residual, Transformer
@@ -45,13 +47,17 @@ def optimize_for(model: torch.nn.Module, device: torch.device, dtype: Optional[t
     from nmt.ops.bucketed_linear import BucketedLinear
     from nmt.ops.dropout import CpuDropout
     from nmt.ops.feed_forward import CpuFeedForward
+    from nmt.ops.onednn_linear import OneDnnLinear, onednn_pays_off
     from nmt.ops.output_saving_layer_norm import OutputSavingLayerNorm
 
     bucket = row_multiple if dtype == torch.bfloat16 else 0
+    onednn = inference and dtype in (None, torch.float32) and onednn_pays_off()
     for module in list(model.modules()):
         if type(module) in (MultiHeadAttention, FeedForward):
             for linear in module.children():
-                if type(linear) is nn.Linear:
+                if type(linear) is nn.Linear and onednn:
+                    linear.__class__ = OneDnnLinear
+                elif type(linear) is nn.Linear:
                     linear.__class__ = BucketedLinear
                     linear.row_multiple = bucket
             module.__class__ = CpuMultiHeadAttention if type(module) is MultiHeadAttention else CpuFeedForward
@@ -61,4 +67,5 @@ def optimize_for(model: torch.nn.Module, device: torch.device, dtype: Optional[t
             module.norm.__class__ = OutputSavingLayerNorm
     if type(model) is Transformer:
         model.__class__ = CpuTransformer
+        model.onednn_projection = onednn
     return model

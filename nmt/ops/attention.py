@@ -16,6 +16,7 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nmt.model.transformer import MultiHeadAttention, Transformer
+from nmt.ops.onednn_linear import onednn_linear, takes_onednn
 
 
 def cpu_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0,
@@ -90,11 +91,32 @@ def gpu_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] =
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
 
 
+def attention_by_products(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None) -> Tensor:
+    """softmax(QK^T / sqrt(d_k)) V as two batched matrix products, `attn_mask` (True where
+    attention is allowed) applied to the scores: `F.scaled_dot_product_attention` without dropout.
+
+    For the encoder-decoder attention of a beam search step (a sentence's `beam` queries
+    against its S source keys, no gradient), PyTorch's CPU flash-attention kernel cost more than
+    these two products: on a Zen 4 (one thread, torch 2.13), 150 sentences, beam 4, S 10 / 20 /
+    40, the products ran 1.19 / 1.42 / 1.62x as fast at d_model 128 and 1.10 / 1.39 / 1.06x at
+    256 (`make bench-decoder-ops`, bench/results/2026-12-03_0970d33_zen4_bench-decoder-ops.json).
+    The decoder's self-attention, one query per row against the cache, showed no steady gain
+    (the kernel won below about 12 cached steps), and keeps the kernel."""
+    scores = torch.matmul(q, k.transpose(-2, -1)).mul_(q.size(-1) ** -0.5)
+    if attn_mask is not None:
+        scores.masked_fill_(~attn_mask, float("-inf"))
+    return torch.matmul(scores.softmax(-1), v)
+
+
 class CpuMultiHeadAttention(MultiHeadAttention):
-    """MultiHeadAttention whose attention is `cpu_attention` (same parameters)."""
+    """MultiHeadAttention whose attention is `cpu_attention` (same parameters); in fp32
+    inference its encoder-decoder attention is `attention_by_products`."""
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0,
                   is_causal: bool = False) -> Tensor:
+        if (not self.self_attention and not is_causal and q.dtype == torch.float32 and not torch.is_grad_enabled()
+                and not torch.compiler.is_compiling()):
+            return attention_by_products(q, k, v, attn_mask)
         return cpu_attention(q, k, v, attn_mask, dropout_p, is_causal)
 
 
@@ -110,9 +132,18 @@ class CpuTransformer(Transformer):
     """A Transformer (same parameters) whose source mask is None for a batch without padding:
     PyTorch's CPU attention runs faster without a mask than with one that allows everything.
     (On a GPU, asking whether there is padding would make the host wait for the device, and
-    graphs under torch.compile keep one shape of call, so both always pass the mask.)"""
+    graphs under torch.compile keep one shape of call, so both always pass the mask.) In fp32
+    inference on AMD CPUs its vocabulary projection runs oneDNN's matmul (`nmt.ops.onednn_linear`)."""
+
+    onednn_projection: bool = False
+    """Whether fp32 inference projects to the vocabulary through `nmt.ops.onednn_linear` (set by `optimize_for`)."""
 
     def source_mask(self, src_tokens: Tensor) -> Optional[Tensor]:
         if torch.compiler.is_compiling() or bool(src_tokens.eq(self.cfg.pad_id).any()):
             return super().source_mask(src_tokens)
         return None
+
+    def project_fp32(self, hidden: Tensor) -> Tensor:
+        if self.onednn_projection and takes_onednn(hidden, self.output_weight):
+            return onednn_linear(hidden, self.output_weight, self.output_bias)
+        return super().project_fp32(hidden)

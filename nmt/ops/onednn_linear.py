@@ -1,0 +1,62 @@
+"""fp32 linear layers of CPU inference through oneDNN's matmul instead of MKL's sgemm, on AMD CPUs.
+
+`nn.Linear` in fp32 on a CPU calls MKL's sgemm. On an AMD EPYC Zen 4 (torch 2.13, MKL 2024.0,
+one thread) oneDNN's matmul ran the products of a beam search step 0.97-1.15x as fast in the
+decoder layers and 1.14-1.39x in the vocabulary projection (`make bench-decoder-ops`,
+bench/results/2026-12-03_0970d33_zen4_bench-decoder-ops.json); the products are about two
+thirds of a decoder step's time there.
+CTranslate2 makes the same choice: MKL on Intel CPUs, oneDNN elsewhere. On Intel CPUs, where
+MKL is the vendor's own library and no comparison was measured, `nn.Linear` stays.
+
+Only inference in fp32 takes this path (no gradient: oneDNN's op here has no backward); bf16
+weights, autocast and training run `nn.Linear` unchanged. Results equal F.linear's to float
+rounding (another summation order): tests/test_model.py checks it.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@lru_cache(maxsize=None)
+def cpu_vendor() -> str:
+    """The CPU's vendor_id from /proc/cpuinfo (GenuineIntel, AuthenticAMD, ...), '' if unknown."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def onednn_pays_off() -> bool:
+    """Whether fp32 inference products go through oneDNN here: on AMD CPUs, when this torch has the op."""
+    return (cpu_vendor() == "AuthenticAMD" and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+def onednn_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """F.linear(x, weight, bias) by oneDNN's matmul, for fp32 CPU tensors without gradients."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def takes_onednn(x: Tensor, weight: Tensor) -> bool:
+    """Whether a product of x and weight may take `onednn_linear`: fp32 on CPU, no gradient, no autocast."""
+    return (x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu"
+            and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu"))
+
+
+class OneDnnLinear(nn.Linear):
+    """`nn.Linear` (same parameters, same checkpoints) whose fp32 inference runs `onednn_linear`."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if takes_onednn(x, self.weight):
+            return onednn_linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
