@@ -63,17 +63,20 @@ TRAINING: dict[str, Any] = {
     "TRAIN_ARGS": "",              # any further `nmt train` flags, e.g. "--clip-norm 1 --pre-ln"
 }
 
-# What each "auto" above becomes, by the precision training will use. Equal wall-clock
-# comparisons on `val` (bench/RESULTS.md): on a CPU with bf16 matrix units (AVX512-BF16/AMX)
-# bf16 trains `small` about as fast as fp32 trains `mini`, and `mini` saturates there halfway
-# through 30 minutes, so the larger model, with more dropout against 29k pairs, uses the
-# budget; without bf16 units `small` sees too few epochs in 30 minutes, and `mini` stays.
-# With bf16 on 2 threads (Sapphire Rapids, 30-36 epochs) source-side BPE-dropout (20 samples)
-# gave val 39.98 against 39.02 without, and averaging the last 5 interval checkpoints instead
-# of 3 gave 40.40 / 39.47 (the 1-thread search, at 17-20 epochs, had preferred neither).
+# What each "auto" above becomes, by the kind of machine training will use (never by a timing).
+# Equal wall-clock comparisons on `val` (bench/RESULTS.md): on a CPU with bf16 matrix units
+# (AVX512-BF16/AMX) bf16 trains `small` about as fast as fp32 trains `mini`, and `mini`
+# saturates there halfway through 30 minutes, so the larger model, with more dropout against
+# 29k pairs, uses the budget; without bf16 units `small` sees too few epochs in 30 minutes, and
+# `mini` stays. Subword sampling pays only with enough epochs: with AMX (Sapphire Rapids, 2
+# threads, 30-36 epochs) source-side BPE-dropout (20 samples) gave val 39.98 against 39.02
+# without, and the last 5 interval checkpoints 40.40 against 39.47; with AVX512-BF16 alone (Zen
+# 4, 14-15 epochs) sampling lost, 37.15 against 39.29, and the last 5 beat the last 3 (39.29 /
+# 39.02). A GPU, with hundreds of epochs in the budget, takes the AMX choice (not measured).
 # Without bf16 units neither was measured, so fp32 keeps what it had.
 MODEL_CHOICES: dict[str, dict[str, Any]] = {
-    "bf16": {"ARCH": "small", "DROPOUT": 0.2, "SUBWORD_SAMPLES": 20, "AVERAGE_LAST": 5},
+    "amx": {"ARCH": "small", "DROPOUT": 0.2, "SUBWORD_SAMPLES": 20, "AVERAGE_LAST": 5},
+    "avx512-bf16": {"ARCH": "small", "DROPOUT": 0.2, "SUBWORD_SAMPLES": 0, "AVERAGE_LAST": 5},
     "fp32": {"ARCH": "mini", "DROPOUT": 0.1, "SUBWORD_SAMPLES": 0, "AVERAGE_LAST": 3},
 }
 AUTO_INTEGERS = ("SUBWORD_SAMPLES", "AVERAGE_LAST")
@@ -301,8 +304,9 @@ def summarize(s: dict[str, Any], run: Path, hyp: Path, score_json: Path, valid_j
 
 
 def choose_model(s: dict[str, Any]) -> dict[str, Any]:
-    """Resolve every "auto" among MODEL_CHOICES' keys by the precision training will use;
-    return what was chosen and why (printed, and kept in summary.json)."""
+    """Resolve every "auto" among MODEL_CHOICES' keys by the precision training will use and,
+    for bf16 on a CPU, whether it has AMX; return what was chosen and why (printed, and kept in
+    summary.json)."""
     import torch
 
     from nmt.device import cpu_bf16_units, resolve_amp, resolve_device
@@ -311,10 +315,12 @@ def choose_model(s: dict[str, Any]) -> dict[str, Any]:
     amp = resolve_amp(s["AMP"], device, "train")
     if device.type == "cuda":
         why = f"GPU {torch.cuda.get_device_name(0)}, --amp {s['AMP']} -> {amp}"
+        fast = True
     else:
         units, evidence = cpu_bf16_units()
         why = f"CPU {'with' if units else 'without'} bf16 matrix units ({evidence}), --amp {s['AMP']} -> {amp}"
-    kind = "fp32" if amp == "none" else "bf16"
+        fast = "amx_bf16" in evidence  # the flags cpu_bf16_units found
+    kind = "fp32" if amp == "none" else "amx" if fast else "avx512-bf16"
     chosen = {key: (value if s[key] == "auto" else s[key]) for key, value in MODEL_CHOICES[kind].items()}
     auto = [key for key in MODEL_CHOICES[kind] if s[key] == "auto"]
     s.update(chosen)

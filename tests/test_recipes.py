@@ -377,3 +377,24 @@ def test_recipe_settings_come_from_the_environment_with_the_defaults_type():
     assert s == {"ARCH": "small", "LR": 5e-4, "WARMUP": 400, "DRY_RUN": True, "RUN_DIR": "runs/x"}
     with pytest.raises(RecipeError, match="WARMUP='many' is not an integer"):
         settings_from_env(defaults, {"WARMUP": "many"})
+
+
+@pytest.mark.parametrize("flags, rule, samples", [("avx512_bf16, amx_bf16", "amx", 20), ("avx512_bf16", "avx512-bf16", 0)])
+def test_multi30k_subword_sampling_is_chosen_by_the_kind_of_bf16_cpu(monkeypatch, flags: str, rule: str, samples: int):
+    """AMX CPUs (30+ epochs in the budget) get source-side subword sampling, AVX512-BF16 CPUs
+    without AMX (about 15 epochs, where sampling lost on val) do not; both average the last 5."""
+    import importlib.util
+
+    import nmt.device
+
+    monkeypatch.setattr(nmt.device, "resolve_device", lambda name: __import__("torch").device("cpu"))
+    monkeypatch.setattr(nmt.device, "cpu_bf16_units", lambda: (True, f"cpu flags {flags}"))
+    spec = importlib.util.spec_from_file_location("multi30k_recipe", RECIPES / "multi30k.py")
+    recipe = importlib.util.module_from_spec(spec)
+    if str(RECIPES) not in sys.path:
+        monkeypatch.syspath_prepend(str(RECIPES))
+    spec.loader.exec_module(recipe)
+    s = {**recipe.TRAINING, **recipe.DECODING, **recipe.SETUP}
+    choice = recipe.choose_model(s)
+    assert choice["rule"] == rule and choice["precision"] == "bf16" and choice["arch"] == "small"
+    assert s["SUBWORD_SAMPLES"] == samples and s["AVERAGE_LAST"] == 5
