@@ -33,21 +33,30 @@ def resolve_device(name: str) -> torch.device:
 
 
 @lru_cache(maxsize=None)
+def cpuinfo_field(name: str) -> str:
+    """The first CPU's `name` line of /proc/cpuinfo (flags, vendor_id, ...), '' where there is none."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.split(":", 1)[0].strip() == name:
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (avx512_bf16, amx_bf16, ...); empty where /proc/cpuinfo has none."""
+    return frozenset(cpuinfo_field("flags").split())
+
+
+@lru_cache(maxsize=None)
 def cpu_bf16_units() -> tuple[bool, str]:
     """Whether this CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX), and the evidence.
 
     Without such units oneDNN emulates bf16 matmuls, slower than fp32, so bf16 is never chosen
     automatically there.
     """
-    flags: set[str] = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
-    units = sorted(flags & {"avx512_bf16", "amx_bf16"})
+    units = sorted(cpu_flags() & {"avx512_bf16", "amx_bf16"})
     onednn = bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
     if units:
         return True, f"cpu flags {', '.join(units)}; oneDNN bf16 support {onednn}"

@@ -309,7 +309,7 @@ def choose_model(s: dict[str, Any]) -> dict[str, Any]:
     summary.json)."""
     import torch
 
-    from nmt.device import cpu_bf16_units, resolve_amp, resolve_device
+    from nmt.device import cpu_bf16_units, cpu_flags, resolve_amp, resolve_device
 
     device = resolve_device("auto")  # what `nmt train --device auto` will train on
     amp = resolve_amp(s["AMP"], device, "train")
@@ -319,7 +319,7 @@ def choose_model(s: dict[str, Any]) -> dict[str, Any]:
     else:
         units, evidence = cpu_bf16_units()
         why = f"CPU {'with' if units else 'without'} bf16 matrix units ({evidence}), --amp {s['AMP']} -> {amp}"
-        fast = "amx_bf16" in evidence  # the flags cpu_bf16_units found
+        fast = "amx_bf16" in cpu_flags()
     kind = "fp32" if amp == "none" else "amx" if fast else "avx512-bf16"
     chosen = {key: (value if s[key] == "auto" else s[key]) for key, value in MODEL_CHOICES[kind].items()}
     auto = [key for key in MODEL_CHOICES[kind] if s[key] == "auto"]

@@ -389,6 +389,7 @@ def test_multi30k_subword_sampling_is_chosen_by_the_kind_of_bf16_cpu(monkeypatch
 
     monkeypatch.setattr(nmt.device, "resolve_device", lambda name: __import__("torch").device("cpu"))
     monkeypatch.setattr(nmt.device, "cpu_bf16_units", lambda: (True, f"cpu flags {flags}"))
+    monkeypatch.setattr(nmt.device, "cpu_flags", lambda: frozenset(flags.split(", ")))
     spec = importlib.util.spec_from_file_location("multi30k_recipe", RECIPES / "multi30k.py")
     recipe = importlib.util.module_from_spec(spec)
     if str(RECIPES) not in sys.path:

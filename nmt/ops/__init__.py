@@ -55,9 +55,11 @@ def optimize_for(model: torch.nn.Module, device: torch.device, dtype: Optional[t
     for module in list(model.modules()):
         if type(module) in (MultiHeadAttention, FeedForward):
             for linear in module.children():
-                if type(linear) is nn.Linear and onednn:
+                if type(linear) is not nn.Linear:
+                    continue
+                if onednn:
                     linear.__class__ = OneDnnLinear
-                elif type(linear) is nn.Linear:
+                else:
                     linear.__class__ = BucketedLinear
                     linear.row_multiple = bucket
             module.__class__ = CpuMultiHeadAttention if type(module) is MultiHeadAttention else CpuFeedForward

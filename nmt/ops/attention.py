@@ -114,8 +114,7 @@ class CpuMultiHeadAttention(MultiHeadAttention):
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0,
                   is_causal: bool = False) -> Tensor:
-        if (not self.self_attention and not is_causal and q.dtype == torch.float32 and not torch.is_grad_enabled()
-                and not torch.compiler.is_compiling()):
+        if not (self.self_attention or q.dtype != torch.float32 or torch.is_grad_enabled() or torch.compiler.is_compiling()):
             return attention_by_products(q, k, v, attn_mask)
         return cpu_attention(q, k, v, attn_mask, dropout_p, is_causal)
 

@@ -16,24 +16,18 @@ rounding (another summation order): tests/test_model.py checks it.
 from __future__ import annotations
 
 from functools import lru_cache
-from pathlib import Path
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt.device import cpuinfo_field
 
-@lru_cache(maxsize=None)
+
 def cpu_vendor() -> str:
-    """The CPU's vendor_id from /proc/cpuinfo (GenuineIntel, AuthenticAMD, ...), '' if unknown."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("vendor_id"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    """The CPU's vendor_id (GenuineIntel, AuthenticAMD, ...), '' if unknown."""
+    return cpuinfo_field("vendor_id")
 
 
 def onednn_pays_off() -> bool:
