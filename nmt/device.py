@@ -8,11 +8,11 @@ translation alike.
 from __future__ import annotations
 
 from functools import lru_cache
-from pathlib import Path
 
 import torch
 
 from nmt.errors import NmtError
+from nmt.ops.cpu_features import cpu_flags
 
 AMP_PURPOSES = ("train", "translate")
 """What a precision is chosen for: `--amp auto` means something else for each (`resolve_amp`)."""
@@ -30,23 +30,6 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise NmtError("--device cuda was asked for, but PyTorch sees no GPU; use --device cpu")
     return device
-
-
-@lru_cache(maxsize=None)
-def cpuinfo_field(name: str) -> str:
-    """The first CPU's `name` line of /proc/cpuinfo (flags, vendor_id, ...), '' where there is none."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.split(":", 1)[0].strip() == name:
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (avx512_bf16, amx_bf16, ...); empty where /proc/cpuinfo has none."""
-    return frozenset(cpuinfo_field("flags").split())
 
 
 @lru_cache(maxsize=None)

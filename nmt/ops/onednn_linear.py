@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.device import cpuinfo_field
+from nmt.ops.cpu_features import cpuinfo_field
 
 
 def cpu_vendor() -> str:
