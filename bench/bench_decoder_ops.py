@@ -5,7 +5,11 @@ a batch of 150 sentences (600 rows), models `mini` (d_model 128) and `small` (25
 - linear layers: `F.linear` (MKL sgemm) against `nmt.ops.onednn_linear.onednn_linear`, for the
   products of a decoder layer and the vocabulary projection (8,000 entries, a CPU logit block);
 - encoder-decoder attention: `F.scaled_dot_product_attention` against
-  `nmt.ops.attention.attention_by_products`, beam 4 queries per sentence, S source keys.
+  `nmt.ops.attention.attention_by_products`, beam 4 queries per sentence, S source keys;
+- the vocabulary step of the search (`nmt.inference.beam_search.row_candidates` after the
+  decoder layers: projection, log-softmax, each row's best tokens) for 600 rows, with the rows
+  projected a block at a time (`LOGIT_BLOCK_ELEMENTS`), per block size: the whole-batch block
+  (every logit written at once) against smaller blocks whose logits stay in the core's cache.
 The two sides of a row alternate, five rounds each, and each keeps its best round: a shared
 CPU only ever slows a timing down.
 
@@ -28,6 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, write_result  # noqa: E402
 
 sys.path.insert(0, str(REPO))
+import nmt.inference.beam_search as search  # noqa: E402
+from nmt.model.config import build_config  # noqa: E402
+from nmt.model.transformer import Transformer  # noqa: E402
 from nmt.ops.attention import attention_by_products  # noqa: E402
 from nmt.ops.onednn_linear import onednn_linear, onednn_pays_off  # noqa: E402
 
@@ -76,8 +83,49 @@ def main() -> None:
                 attention.append({"d_model": d_model, "sentences": sentences, "beam": 4, "source": source,
                                   "sdpa_ms": round(sdpa, 3), "products_ms": round(products, 3), "speedup": round(sdpa / products, 3)})
                 print(f"cross-attention d_model {d_model}, S {source}: SDPA {sdpa:.3f} ms, products {products:.3f} ms = {sdpa / products:.2f}x", flush=True)
+        vocabulary = vocabulary_step(rows)
     write_result("decoder-ops", {"threads": 1, "torch": torch.__version__, "onednn_used_by_nmt_here": onednn_pays_off(),
-                                 "linear": linear, "cross_attention": attention})
+                                 "linear": linear, "cross_attention": attention, "vocabulary_step": vocabulary})
+
+
+class _HiddenOnly:
+    """A model for `row_candidates` whose decoder layers already ran: it hands back fixed
+    decoder states and projects them with a real model's projection."""
+
+    def __init__(self, model: Transformer, hidden: torch.Tensor):
+        self.model, self.hidden, self.cfg = model, hidden, model.cfg
+
+    def decode_step_hidden(self, tokens: torch.Tensor, state: object) -> torch.Tensor:
+        return self.hidden
+
+    def project_fp32(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.project_fp32(hidden)
+
+
+def vocabulary_step(rows: int, vocab: int = 8000) -> list[dict]:
+    """`row_candidates` (beam 4: 8 candidates per row) for `rows` decoder states, per block of rows."""
+    results = []
+    default = search.LOGIT_BLOCK_ELEMENTS
+    for arch in ("mini", "small"):
+        model = Transformer(build_config(arch, vocab, vocab)).eval()
+        hidden = torch.randn(rows, model.cfg.d_model)
+        stub, tokens = _HiddenOnly(model, hidden), torch.zeros(rows, dtype=torch.long)
+
+        def step(block_rows: int) -> search.RowCandidates:
+            search.LOGIT_BLOCK_ELEMENTS = block_rows * vocab
+            return search.row_candidates([stub], [None], tokens, 8)
+
+        whole = step(rows)
+        for block_rows in (16, 32, 64, 128, default // vocab):
+            torch.testing.assert_close(step(block_rows).log_probs, whole.log_probs)
+            whole_ms, block_ms = best_ms(lambda: step(rows), lambda: step(block_rows), calls=5)
+            results.append({"arch": arch, "d_model": model.cfg.d_model, "rows": rows, "vocab": vocab, "block_rows": block_rows,
+                            "block_mib": round(block_rows * vocab * 4 / 2**20, 2), "whole_batch_ms": round(whole_ms, 3),
+                            "block_ms": round(block_ms, 3), "speedup": round(whole_ms / block_ms, 3)})
+            print(f"vocabulary step {arch}, {rows} rows: one block {whole_ms:.2f} ms, blocks of {block_rows} rows "
+                  f"{block_ms:.2f} ms = {whole_ms / block_ms:.2f}x", flush=True)
+    search.LOGIT_BLOCK_ELEMENTS = default
+    return results
 
 
 if __name__ == "__main__":

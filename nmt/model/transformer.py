@@ -318,8 +318,11 @@ class Transformer(nn.Module):
     # -- incremental decoding (beam search) ---------------------------------------------
     def init_decoder_state(self, enc: EncoderOut, beam: int = 1) -> DecoderState:
         """Encoder-decoder keys/values of every layer, computed once for the whole search;
-        decoding then runs `beam` rows per sentence."""
-        return DecoderState([layer.cross_attn.project_kv(enc.states) for layer in self.decoder_layers], enc.attn_mask, beam)
+        decoding then runs `beam` rows per sentence. Each is made contiguous once here: as
+        views into the projection's output, a batched product over them (CPU inference's
+        `nmt.ops.attention.attention_by_products`) would copy them at every step."""
+        memory_kv = [tuple(t.contiguous() for t in layer.cross_attn.project_kv(enc.states)) for layer in self.decoder_layers]
+        return DecoderState(memory_kv, enc.attn_mask, beam)
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """Feed one token per row (sentences x beam,), return next-token logits (rows,
