@@ -202,9 +202,13 @@ def build_steps(s: dict[str, Any]) -> list[Step]:
         "--log-interval", s["LOG_INTERVAL"], *threads, *shlex.split(s["TRAIN_ARGS"]),
     ]))
 
-    # 4. average the last K checkpoints (fewer, said on stderr, if training wrote fewer)
+    # 4. average the last K checkpoints (fewer, said on stderr, if training wrote fewer). The
+    # window was chosen on val: warn only when the checkpoints span more of training than K
+    # intervals of the budget (the last 5 of 15 span 27% of the updates, over the 25% default).
+    window = ["--max-span", flag_value(round(min(1.0, s["AVERAGE_LAST"] * save_interval * 60 / parse_duration(s["BUDGET"])), 4))] \
+        if budget and s["AVERAGE_KIND"] == "updates" else []
     steps.append(Step(f"average the last {s['AVERAGE_LAST']} checkpoints into checkpoint_avg.pt", prepare=fit_average(s, run, s["AVERAGE_KIND"]), args=[
-        "average-checkpoints", "--run-dir", run, "--last", str(s["AVERAGE_LAST"]), "--kind", s["AVERAGE_KIND"],
+        "average-checkpoints", "--run-dir", run, "--last", str(s["AVERAGE_LAST"]), "--kind", s["AVERAGE_KIND"], *window,
     ]))
 
     # 5. translate the test set with the averaged model

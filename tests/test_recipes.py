@@ -177,6 +177,19 @@ def test_multi30k_recipe_checks_its_auto_integer_settings_in_one_line(tmp_path: 
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("average_last, interval, max_span", [("5", "-1", "0.3333"), ("3", "1", "0.1")])
+def test_multi30k_recipe_warns_about_its_averaging_window_only_beyond_the_window_it_chose(
+        tmp_path: Path, average_last: str, interval: str, max_span: str):
+    """The last K interval checkpoints of a 30-minute budget span up to K intervals: the
+    averaging step's span warning starts there, not at the generic 25% that the recipe's own
+    default (the last 5 of 15) would trip on every run."""
+    proc = run_recipe("multi30k", {"RUN_DIR": str(tmp_path / "run"), "AVERAGE_LAST": average_last, "SAVE_INTERVAL_MINUTES": interval,
+                                   "AMP": "none", "DRY_RUN": "1"})
+    assert proc.returncode == 0, proc.stderr
+    average = [line for line in proc.stdout.splitlines() if line.startswith("$ nmt average-checkpoints ")]
+    assert len(average) == 1 and average[0].endswith(f"--last {average_last} --kind updates --max-span {max_span}"), average
+
+
 # ---------------------------------------------------------------------------------------
 # WMT14: a fake corpus in the layout of the extracted statmt.org tarballs
 # ---------------------------------------------------------------------------------------
