@@ -74,7 +74,7 @@ TRAINING: dict[str, Any] = {
 # 4, 14-15 epochs) sampling lost, 37.15 against 39.29, and the last 5 beat the last 3 (39.29 /
 # 39.02). A GPU, with hundreds of epochs in the budget, takes the AMX choice (not measured).
 # Without bf16 units neither was measured, so fp32 keeps what it had.
-# Also lost on val with AMX (2 threads): lr 3e-3 with 800 warmup (38.96), attention and ReLU
+# Also lost on val with AMX (2 threads): lr 3e-3 with 800 warmup (38.96), lr 1.5e-3 (40.17), attention and ReLU
 # dropout 0.1 (39.27), and Wu et al. (2021)'s shape, mini with d_ff 256, dropout 0.3, lr 5e-3,
 # 4096 tokens (37.64), though it trains 1.7x the tokens per second.
 MODEL_CHOICES: dict[str, dict[str, Any]] = {
