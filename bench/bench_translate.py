@@ -4,7 +4,7 @@ For each model: nmt's sentences/s and target tokens/s in process (beam 4 with th
 `t2t` search, greedy, and beam 4 `--beam-style fairseq --lenpen-style avg`, the search
 CTranslate2 does); then, for a trained model, CTranslate2 in processes of its own that never
 import torch (bench/ct2_standalone.py: one `translate_batch` over all lines, sorted token-based
-batches of --max-tokens, fp32 and int8 compute on the same exported weights, every
+batches of --ct2-batch-tokens (4096), fp32 and int8 compute on the same exported weights, every
 inter_threads x intra_threads split whose product is --threads, the best one kept), nmt's
 `--engine ctranslate2` translator in a process of its own (bench/ct2_engine.py), the ratios,
 how many lines are identical, and the whole `nmt translate` command (wall time, peak RSS) for
@@ -170,7 +170,7 @@ def standalone_ctranslate2(model_dir: Path, plain: Path, out: Path, compute_type
     """bench/ct2_standalone.py in its own process: (its JSON line, whole-process wall and RSS; its output lines)."""
     cmd = [sys.executable, str(REPO / "bench" / "ct2_standalone.py"), str(model_dir), str(plain), str(out),
            "--inter", str(split[0]), "--intra", str(split[1]), "--compute-type", compute_type, "--repeat", str(repeat),
-           "--max-batch-tokens", str(args.max_tokens)]
+           "--max-batch-tokens", str(args.ct2_batch_tokens)]
     seconds, peak, stdout = time_command(cmd, 1)
     result = json.loads(stdout.strip().splitlines()[-1])
     result.update(process_s=round(seconds, 2), peak_rss_mib=round(peak, 1))
@@ -243,7 +243,9 @@ def main() -> None:
     parser.add_argument("--source", type=Path, help="lines to translate (default: DATA/test_2016_flickr.en.gz)")
     parser.add_argument("--limit", type=int, default=0, help="translate only the first N lines (0: all)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--max-tokens", type=int, default=None, help="default: nmt translate's")
+    parser.add_argument("--max-tokens", type=int, default=0, help="nmt's --max-tokens (0: nmt translate's auto, per engine)")
+    parser.add_argument("--ct2-batch-tokens", type=int, default=4096,
+                        help="standalone CTranslate2's max_batch_size in tokens (its fastest here; nmt's engine uses --max-tokens)")
     parser.add_argument("--beams", default="4,1", help="beam sizes to time, comma-separated")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--amp", default="auto")
@@ -257,10 +259,7 @@ def main() -> None:
 
     import torch
 
-    from nmt.inference.config import TranslateConfig
 
-    if args.max_tokens is None:
-        args.max_tokens = TranslateConfig.max_tokens
     source = args.source or args.data / "test_2016_flickr.en.gz"
     if not source.is_file():
         raise SystemExit(f"no input at {source}; pass --data or --source")
@@ -273,7 +272,8 @@ def main() -> None:
         plain = Path(tmp) / "input.txt"
         plain.write_text("".join(l + "\n" for l in lines), encoding="utf-8")
         result: dict = {"bench": "translate", "source": str(source), "sentences": len(lines), "threads": args.threads,
-                        "device": args.device, "max_tokens": args.max_tokens, "models": {}}
+                        "device": args.device, "max_tokens": args.max_tokens,
+                        "ct2_standalone_batch_tokens": args.ct2_batch_tokens, "models": {}}
         if args.run_dir:
             models = [(run.resolve().name, run, "trained", {}) for run in args.run_dir]
         else:

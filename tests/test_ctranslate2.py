@@ -159,6 +159,26 @@ def test_one_call_for_all_lengths_matches_one_call_per_length(trained_tiny_run, 
                 assert all(len(h.tokens) <= limit for h in found)  # at the limit without eos (module docstring)
 
 
+def test_cpu_batches_default_to_1024_tokens_and_no_batch_size_changes_a_translation(trained_tiny_run, test_lines):
+    """--max-tokens 0 (auto) gives CTranslate2 on a CPU 1024-token batches (its peak memory:
+    `CTRANSLATE2_CPU_BATCH_TOKENS`), nmt's own engine 4096, a given --max-tokens wins for both,
+    and the batches CTranslate2 is given change no translation."""
+    from nmt.inference.config import CTRANSLATE2_CPU_BATCH_TOKENS, DEFAULT_BATCH_TOKENS, SearchConfig, TranslateConfig
+    from nmt.inference.translator import load_translator
+
+    search = SearchConfig(beam_style="fairseq", lenpen_style="avg")
+    outputs = {}
+    for max_tokens in (0, 64, 4096):
+        cfg = TranslateConfig(engine="ctranslate2", threads=1, device="cpu", max_tokens=max_tokens)
+        translator = load_translator(trained_tiny_run, search=search, cfg=cfg)
+        assert translator.decoder.max_tokens == (max_tokens or CTRANSLATE2_CPU_BATCH_TOKENS)
+        outputs[max_tokens] = [t.hyp for t in translator.translate(test_lines)]
+    assert outputs[0] == outputs[64] == outputs[4096]
+    for max_tokens in (0, 64):
+        native = load_translator(trained_tiny_run, search=search, cfg=TranslateConfig(threads=1, device="cpu", max_tokens=max_tokens))
+        assert native.decoder.max_tokens == (max_tokens or DEFAULT_BATCH_TOKENS)
+
+
 def test_engine_refuses_the_gnmt_penalty_in_one_line(trained_tiny_run):
     proc = run_nmt("translate", "-r", trained_tiny_run, "--engine", "ctranslate2", input="a man\n")
     assert_one_line_error(proc, "--lenpen-style avg")

@@ -16,6 +16,7 @@ pytest.importorskip("uvicorn", reason="nmt serve needs the serve extra (make ins
 import nmt  # noqa: E402
 from conftest import assert_one_line_error, run_nmt, torch_blocked_env  # noqa: E402
 from nmt.serve.app import ClientError, parse_body  # noqa: E402
+from nmt.inference.config import CTRANSLATE2_CPU_BATCH_TOKENS  # noqa: E402
 from nmt.serve.config import ServeConfig  # noqa: E402
 from serve_helpers import Server  # noqa: E402
 from test_translate import _lines, run_dir  # noqa: E402, F401  (fixture)
@@ -233,6 +234,7 @@ def test_the_ctranslate2_engine_serves_translations_and_info(run_dir, tmp_path):
         assert answer["settings"]["inter_threads"] == 1  # a server's call is one batch: every thread works on it
         info = srv.get("/info")
         assert info["settings"]["device"] == "cpu" and info["settings"]["dtype"] == "float32"
+        assert answer["settings"]["max_tokens"] == CTRANSLATE2_CPU_BATCH_TOKENS  # --max-tokens 0 (auto), resolved
         torch_model = nmt.load(run_dir, device="cpu").translator.models[0]  # the checkpoint CTranslate2 runs
         assert info["model"] == torch_model.cfg.to_dict()
         assert info["parameters"] == sum(p.numel() for p in torch_model.parameters())

@@ -140,6 +140,8 @@ class CTranslate2Decoder:
         threads = cfg.threads or os.cpu_count() or 1
         inter = resolve_inter_threads(cfg.inter_threads, threads, device)
         intra = threads // inter if device == "cpu" else cfg.threads
+        self.max_tokens = cfg.batch_tokens(ctranslate2_on_cpu=device == "cpu")
+        """CTranslate2's `max_batch_size` in source tokens (`TranslateConfig.batch_tokens`)."""
         try:
             self.engine = ctranslate2.Translator(str(model_dir), device=device, device_index=index,
                                                  compute_type=cfg.ct2_compute_type, inter_threads=inter, intra_threads=intra)
@@ -189,7 +191,7 @@ class CTranslate2Decoder:
     def _first_attention_rows(self, ids: list[list[int]]) -> list[list[float]]:
         """Each line's attention at the first decoding step, from a one-step greedy search (see above)."""
         results = self.engine.translate_batch(
-            [[self.src_pieces[t] for t in seq] for seq in ids], max_batch_size=self.cfg.max_tokens, batch_type="tokens",
+            [[self.src_pieces[t] for t in seq] for seq in ids], max_batch_size=self.max_tokens, batch_type="tokens",
             beam_size=1, min_decoding_length=0, max_decoding_length=1, return_attention=True)
         return [list(r.attention[0][0]) for r in results]
 
@@ -213,7 +215,7 @@ class CTranslate2Decoder:
             target_prefix = [[self.tgt_pieces[t] for t in p] or None for p in prefixes]
         return self.engine.translate_batch(
             [[self.src_pieces[t] for t in seq] for seq in ids], target_prefix,
-            max_batch_size=self.cfg.max_tokens, batch_type="tokens", beam_size=search.beam, patience=1,
+            max_batch_size=self.max_tokens, batch_type="tokens", beam_size=search.beam, patience=1,
             length_penalty=search.lenpen, num_hypotheses=search.beam, return_scores=True, return_end_token=True,
             min_decoding_length=0, max_decoding_length=max_length, suppress_sequences=self.suppress,
             return_attention=attention,

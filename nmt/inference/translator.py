@@ -61,6 +61,8 @@ class Decoder(Protocol):
     """Layers of the model's decoder (an alignment layer is one of them)."""
     constrains: bool
     """Whether it searches with constraints."""
+    max_tokens: int
+    """Source tokens per batch it searches (--max-tokens, or what 0 means for it)."""
 
     def decode(self, ids: list[list[int]], search: SearchConfig, requests: Optional[Sequence[TargetRequest]] = None,
                alignment_layer: Optional[int] = None) -> list[list[Hypothesis]]:
@@ -98,7 +100,7 @@ class Translator:
         if not hasattr(decoder, "decode"):
             from nmt.inference.model_decoder import ModelDecoder
 
-            decoder = ModelDecoder(decoder, cfg.max_tokens, sampling, cfg.threads, cfg.inter_threads)
+            decoder = ModelDecoder(decoder, cfg.batch_tokens(), sampling, cfg.threads, cfg.inter_threads)
         self.decoder: Decoder = decoder
         self.search, self.cfg = search, cfg
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer

@@ -208,7 +208,7 @@ class TranslationService:
     def settings(self, search: dict[str, Any]) -> dict[str, Any]:
         """The beam search used (defaults with the request's overrides) and where the model runs."""
         tr = self.model.translator
-        return {**asdict(tr.search), **search, **self.runs_on, "max_tokens": tr.cfg.max_tokens,
+        return {**asdict(tr.search), **search, **self.runs_on, "max_tokens": tr.decoder.max_tokens,
                 "threads": tr.cfg.threads, "inter_threads": tr.cfg.inter_threads}
 
     def check_search(self, search: dict[str, Any]) -> None:
