@@ -193,6 +193,26 @@ def test_batches_searched_at_once_give_the_lines_of_one_at_a_time(run_dir):
     assert resolve_inter_threads(0, 8, "cpu", sampling=True) == 1 and resolve_inter_threads(0, 8, "cuda") == 1
 
 
+def test_workers_get_a_multiple_of_their_number_of_batches_none_over_max_tokens(run_dir):
+    """With 2 workers the lines are cut into an even number of batches of about equal size
+    (a last small batch would run alone while the other worker waits), longest lines first,
+    each line in one batch, none over --max-tokens padded tokens; one worker keeps the greedy cut."""
+    lines = _lines(300, 7) + ["", "x"]
+    cfg = dict(device="cpu", max_tokens=200, threads=2)
+    two = load_translator(run_dir, cfg=TranslateConfig(**cfg, inter_threads=2))
+    one = load_translator(run_dir, cfg=TranslateConfig(**cfg, inter_threads=1))
+    ids = two.src_tokenizer.encode(lines)
+    balanced, greedy = two.decoder._batches(ids), one.decoder._batches(ids)
+    assert len(greedy) % 2 == 1 and len(balanced) == len(greedy) + 1  # the case this is about
+    for batches in (balanced, greedy):
+        order = [i for batch in batches for i in batch]
+        assert sorted(order) == [i for i, seq in enumerate(ids) if seq]
+        assert [len(ids[i]) for i in order] == sorted((len(ids[i]) for i in order), reverse=True)
+        assert all(len(b) * max(len(ids[i]) + 1 for i in b) <= 200 for b in batches)
+    sizes = [len(b) * max(len(ids[i]) + 1 for i in b) for b in balanced]
+    assert min(sizes) > 0.5 * max(sizes)
+
+
 def test_ensemble_of_a_model_with_itself_translates_as_the_model(run_dir, tmp_path):
     ckpt = run_dir / "checkpoints" / "checkpoint_last.pt"
     other = tmp_path / "other.pt"

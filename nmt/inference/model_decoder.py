@@ -97,24 +97,50 @@ class ModelDecoder:
             attach_attention(self.models, src, found, alignment_layer)
         return found
 
-    def _batches(self, ids: list[list[int]]) -> Iterator[list[int]]:
-        """Indices of non-empty lines, longest first, in batches of at most max_tokens padded source tokens."""
+    def _batches(self, ids: list[list[int]]) -> list[list[int]]:
+        """Indices of non-empty lines, longest first, in batches of at most max_tokens padded
+        source tokens; with `inter_threads` workers, as many batches as a multiple of the workers.
+
+        Cut at max_tokens alone, the last batch is whatever is left (on 1000 test_2016_flickr
+        lines at 4096 tokens: four of 3,000-3,800 tokens and one of 1,191) and runs alone while
+        the other worker waits: 5% of the wall time idle on a 2-core Zen 4. So the batch budget
+        is lowered to the smallest that still cuts the lines into the next multiple of the
+        workers, which makes the batches about equal. Outputs do not depend on the batches."""
         order = sorted((i for i, seq in enumerate(ids) if seq), key=lambda i: -len(ids[i]))
-        batch: list[int] = []
-        width = 0
-        for i in order:
-            n = len(ids[i]) + 1
-            if batch and (len(batch) + 1) * max(width, n) > self.max_tokens:
-                yield batch
-                batch, width = [], 0
-            batch.append(i)
-            width = max(width, n)
-        if batch:
-            yield batch
+        batches = _cut(order, ids, self.max_tokens)
+        workers = self.inter_threads
+        if workers > 1 and len(batches) % workers:
+            target = -(-len(batches) // workers) * workers
+            low, high = 1, self.max_tokens  # _cut(.., high) has at most `target` batches
+            while low < high:  # the smallest budget that cuts into at most `target` batches
+                mid = (low + high) // 2
+                low, high = (mid + 1, high) if len(_cut(order, ids, mid)) > target else (low, mid)
+            balanced = _cut(order, ids, low)
+            if len(balanced) == target:
+                batches = balanced
+        return batches
 
     def _source_tensor(self, seqs: list[list[int]]) -> torch.Tensor:
         """(B, S) right-padded with pad, each sentence followed by eos (`nmt.data.batching.padded_sources`)."""
         return source_tensor(seqs, self.models[0].cfg.special_ids).to(self.device, non_blocking=True)
+
+
+def _cut(order: list[int], ids: list[list[int]], budget: int) -> list[list[int]]:
+    """`order` (line indices) cut greedily into batches of at most `budget` padded source tokens
+    (eos included); a line longer than the budget is a batch of its own."""
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    width = 0
+    for i in order:
+        n = len(ids[i]) + 1
+        if batch and (len(batch) + 1) * max(width, n) > budget:
+            batches.append(batch)
+            batch, width = [], 0
+        batch.append(i)
+        width = max(width, n)
+    if batch:
+        batches.append(batch)
+    return batches
 
 
 @contextmanager
