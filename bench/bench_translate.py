@@ -259,7 +259,6 @@ def main() -> None:
 
     import torch
 
-
     source = args.source or args.data / "test_2016_flickr.en.gz"
     if not source.is_file():
         raise SystemExit(f"no input at {source}; pass --data or --source")

@@ -74,7 +74,8 @@ class SearchConfig:
 DEFAULT_BATCH_TOKENS = 4096
 """Source tokens per batch of nmt's own decoder (and of CTranslate2 on a GPU) under --max-tokens 0."""
 CTRANSLATE2_CPU_BATCH_TOKENS = 1024
-"""Source tokens per batch of --engine ctranslate2 on a CPU under --max-tokens 0. On a 2-core Zen 4
+"""Source tokens per batch of --engine ctranslate2 on a CPU under --max-tokens 0: CTranslate2's
+self-attention cache of a batch grows by every step decoded, so its memory follows the batch. On a 2-core Zen 4
 (`small`, 1000 test_2016_flickr lines, 2 threads as 2 x 1) standalone CTranslate2 peaked at 255
 MiB RSS with 1024-token batches against 699 MiB with 4096, at 213 against 219 sentences/s;
 2048 tokens: 359 MiB, 199 sentences/s (bench/results/2026-12-04_b0b29fe_zen4_ct2-batch-tokens.json)."""
@@ -125,11 +126,8 @@ class TranslateConfig:
             raise NmtError(f"--engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
 
     def batch_tokens(self, ctranslate2_on_cpu: bool = False) -> int:
-        """--max-tokens, or what 0 (auto) means for the engine that batches.
-
-        CTranslate2 on a CPU gets CTRANSLATE2_CPU_BATCH_TOKENS: its self-attention cache of a
-        batch grows by every step decoded (concatenated, so briefly held twice), and with two
-        batches in flight (inter_threads 2) 4096-token batches held most of its memory."""
+        """--max-tokens, or what 0 (auto) means for the engine that batches: CTRANSLATE2_CPU_BATCH_TOKENS
+        for CTranslate2 on a CPU (why: there), else DEFAULT_BATCH_TOKENS."""
         if self.max_tokens:
             return self.max_tokens
         return CTRANSLATE2_CPU_BATCH_TOKENS if ctranslate2_on_cpu else DEFAULT_BATCH_TOKENS
