@@ -129,6 +129,10 @@ def register(app: typer.Typer) -> None:
             + ", ".join(map(str, translator.checkpoints)))
         if cfg.engine == "ctranslate2":
             say(f"CTranslate2 model {translator.decoder.model_dir}")
+        elif translator.decoder.device.type == "cpu":
+            from nmt.ops.cpu_malloc import keep_freed_memory
+
+            keep_freed_memory()  # each decoder step frees what the next allocates again (see there)
 
         out = text_stdout()
         bar = None

@@ -264,3 +264,18 @@ def test_a_translation_never_spans_lines():
     tok = Multiline()
     out = Translator([model], tok, tok, SearchConfig(max_len_b=2), TranslateConfig()).translate(["a b", "c"])
     assert [t.hyp for t in out] == ["eins zwei drei"] * 2
+
+
+def test_native_cpu_translation_keeps_freed_memory_for_reuse(run_dir):
+    """`nmt translate` with nmt's engine on a CPU raises glibc's malloc thresholds, as CPU training
+    does (each beam step frees what the next allocates again; see nmt.ops.cpu_malloc), once."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, nmt.ops.cpu_malloc as m; m.keep_freed_memory = lambda: print('malloc tuned', file=sys.stderr); "
+             "from nmt_cli import main; sys.argv = ['nmt'] + sys.argv[1:]; main.main()")
+    proc = subprocess.run([sys.executable, "-c", probe, "translate", "--run-dir", str(run_dir), "--device", "cpu", "--quiet"],
+                          input="ein Mann fährt\nzwei Hunde\n".encode(), capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert len(proc.stdout.decode().splitlines()) == 2
+    assert proc.stderr.decode().splitlines() == ["malloc tuned"]
