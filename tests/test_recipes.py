@@ -99,11 +99,12 @@ def test_multi30k_recipe_runs_the_whole_chain_and_a_second_run_does_not_retrain(
     assert len(summary["averaged_from"]) == 3
     assert f"BLEU  {summary['bleu']:6.2f}  {summary['bleu_signature']}" in first.stdout
     assert isinstance(summary["valid_bleu"], float) and (run / "valid.hyp.de").read_text(encoding="utf-8").count("\n") == 1014
-    # ARCH was given, DROPOUT left to the machine: the choice says which rule applied and why
+    # ARCH was given, DROPOUT and LABEL_SMOOTHING left to the machine: the choice says which rule applied and why
     choice = summary["choice"]
-    assert choice["auto"] == ["DROPOUT"] and choice["arch"] == "tiny" and choice["precision"] == "none" and choice["dropout"] == 0.1
+    assert choice["auto"] == ["DROPOUT", "LABEL_SMOOTHING"] and choice["arch"] == "tiny" and choice["precision"] == "none"
+    assert choice["dropout"] == 0.1 and choice["label_smoothing"] == 0.1
     assert summary["settings"]["DROPOUT"] == choice["dropout"] and "bf16 matrix units" in choice["machine"]
-    assert "chose arch tiny, dropout" in first.stdout
+    assert "chose arch tiny, dropout 0.1, label smoothing 0.1" in first.stdout and "--label-smoothing 0.1" in first.stdout
 
     # second run: preprocessing and training are no-ops; the later steps are redone quickly
     checkpoint = run / "checkpoints" / "checkpoint_last.pt"
@@ -392,10 +393,13 @@ def test_recipe_settings_come_from_the_environment_with_the_defaults_type():
         settings_from_env(defaults, {"WARMUP": "many"})
 
 
-@pytest.mark.parametrize("flags, rule, samples", [("avx512_bf16, amx_bf16", "amx", 20), ("avx512_bf16", "avx512-bf16", 0)])
-def test_multi30k_subword_sampling_is_chosen_by_the_kind_of_bf16_cpu(monkeypatch, flags: str, rule: str, samples: int):
+@pytest.mark.parametrize("flags, rule, samples, smoothing",
+                         [("avx512_bf16, amx_bf16", "amx", 20, 0.1), ("avx512_bf16", "avx512-bf16", 0, 0.2)])
+def test_multi30k_subword_sampling_is_chosen_by_the_kind_of_bf16_cpu(monkeypatch, flags: str, rule: str, samples: int,
+                                                                     smoothing: float):
     """AMX CPUs (30+ epochs in the budget) get source-side subword sampling, AVX512-BF16 CPUs
-    without AMX (about 15 epochs, where sampling lost on val) do not; both average the last 5."""
+    without AMX (about 15 epochs, where sampling lost on val) do not, and label smoothing 0.2
+    (which won on val there); both average the last 5."""
     import importlib.util
 
     import nmt.device
@@ -411,4 +415,4 @@ def test_multi30k_subword_sampling_is_chosen_by_the_kind_of_bf16_cpu(monkeypatch
     s = {**recipe.TRAINING, **recipe.DECODING, **recipe.SETUP}
     choice = recipe.choose_model(s)
     assert choice["rule"] == rule and choice["precision"] == "bf16" and choice["arch"] == "small"
-    assert s["SUBWORD_SAMPLES"] == samples and s["AVERAGE_LAST"] == 5
+    assert s["SUBWORD_SAMPLES"] == samples and s["AVERAGE_LAST"] == 5 and s["LABEL_SMOOTHING"] == smoothing
