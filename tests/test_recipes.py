@@ -101,7 +101,7 @@ def test_multi30k_recipe_runs_the_whole_chain_and_a_second_run_does_not_retrain(
     assert isinstance(summary["valid_bleu"], float) and (run / "valid.hyp.de").read_text(encoding="utf-8").count("\n") == 1014
     # ARCH was given, DROPOUT and LABEL_SMOOTHING left to the machine: the choice says which rule applied and why
     choice = summary["choice"]
-    assert choice["auto"] == ["DROPOUT", "LABEL_SMOOTHING"] and choice["arch"] == "tiny" and choice["precision"] == "none"
+    assert choice["auto"] == ["DROPOUT", "LABEL_SMOOTHING", "SAVE_INTERVALS"] and choice["arch"] == "tiny" and choice["precision"] == "none"
     assert choice["dropout"] == 0.1 and choice["label_smoothing"] == 0.1
     assert summary["settings"]["DROPOUT"] == choice["dropout"] and "bf16 matrix units" in choice["machine"]
     assert "chose arch tiny, dropout 0.1, label smoothing 0.1" in first.stdout and "--label-smoothing 0.1" in first.stdout
@@ -169,6 +169,7 @@ def test_multi30k_recipe_refuses_a_language_outside_multi30k(tmp_path: Path):
 
 @pytest.mark.parametrize("key, value, says", [("AVERAGE_LAST", "last", "AVERAGE_LAST='last' is not an integer or auto"),
                                                ("AVERAGE_LAST", "0", "AVERAGE_LAST=0 must be at least 1"),
+                                               ("SAVE_INTERVALS", "0", "SAVE_INTERVALS=0 must be at least 1"),
                                                ("SUBWORD_SAMPLES", "-2", "SUBWORD_SAMPLES=-2 must be 0 (off) or more")])
 def test_multi30k_recipe_checks_its_auto_integer_settings_in_one_line(tmp_path: Path, key: str, value: str, says: str):
     proc = run_recipe("multi30k", {"RUN_DIR": str(tmp_path / "run"), key: value, "AMP": "none", "DRY_RUN": "1"})
@@ -178,15 +179,18 @@ def test_multi30k_recipe_checks_its_auto_integer_settings_in_one_line(tmp_path: 
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("average_last, interval, max_span", [("5", "-1", "0.3333"), ("3", "1", "0.1")])
+@pytest.mark.parametrize("average_last, intervals, interval, minutes, max_span",
+                         [("5", "15", "-1", "2", "0.3333"), ("7", "30", "-1", "1", "0.2333"), ("3", "15", "1", "1", "0.1")])
 def test_multi30k_recipe_warns_about_its_averaging_window_only_beyond_the_window_it_chose(
-        tmp_path: Path, average_last: str, interval: str, max_span: str):
-    """The last K interval checkpoints of a 30-minute budget span up to K intervals: the
-    averaging step's span warning starts there, not at the generic 25% that the recipe's own
-    default (the last 5 of 15) would trip on every run."""
-    proc = run_recipe("multi30k", {"RUN_DIR": str(tmp_path / "run"), "AVERAGE_LAST": average_last, "SAVE_INTERVAL_MINUTES": interval,
-                                   "AMP": "none", "DRY_RUN": "1"})
+        tmp_path: Path, average_last: str, intervals: str, interval: str, minutes: str, max_span: str):
+    """The last K interval checkpoints of a 30-minute budget cut into N intervals span up to K
+    of them: the averaging step's span warning starts there, not at the generic 25% that the
+    recipe's own default (the last 5 of 15) would trip on every run."""
+    proc = run_recipe("multi30k", {"RUN_DIR": str(tmp_path / "run"), "AVERAGE_LAST": average_last, "SAVE_INTERVALS": intervals,
+                                   "SAVE_INTERVAL_MINUTES": interval, "AMP": "none", "DRY_RUN": "1"})
     assert proc.returncode == 0, proc.stderr
+    train = [line for line in proc.stdout.splitlines() if line.startswith("$ nmt train ")]
+    assert len(train) == 1 and f"--save-interval-minutes {minutes} --keep-last {max(5, int(average_last))} " in train[0], train
     average = [line for line in proc.stdout.splitlines() if line.startswith("$ nmt average-checkpoints ")]
     assert len(average) == 1 and average[0].endswith(f"--last {average_last} --kind updates --max-span {max_span}"), average
 
@@ -393,13 +397,14 @@ def test_recipe_settings_come_from_the_environment_with_the_defaults_type():
         settings_from_env(defaults, {"WARMUP": "many"})
 
 
-@pytest.mark.parametrize("flags, rule, samples, smoothing",
-                         [("avx512_bf16, amx_bf16", "amx", 20, 0.1), ("avx512_bf16", "avx512-bf16", 0, 0.2)])
+@pytest.mark.parametrize("flags, rule, samples, smoothing, average, intervals",
+                         [("avx512_bf16, amx_bf16", "amx", 20, 0.1, 5, 15), ("avx512_bf16", "avx512-bf16", 0, 0.2, 7, 30)])
 def test_multi30k_subword_sampling_is_chosen_by_the_kind_of_bf16_cpu(monkeypatch, flags: str, rule: str, samples: int,
-                                                                     smoothing: float):
-    """AMX CPUs (30+ epochs in the budget) get source-side subword sampling, AVX512-BF16 CPUs
-    without AMX (about 15 epochs, where sampling lost on val) do not, and label smoothing 0.2
-    (which won on val there); both average the last 5."""
+                                                                     smoothing: float, average: int, intervals: int):
+    """AMX CPUs (30+ epochs in the budget) get source-side subword sampling and average the last
+    5 of 15 interval checkpoints; AVX512-BF16 CPUs without AMX (about 15 epochs, where sampling
+    lost on val) do not sample, and take label smoothing 0.2 and the last 7 of 30 (which won on
+    val there)."""
     import importlib.util
 
     import nmt.device
@@ -415,4 +420,5 @@ def test_multi30k_subword_sampling_is_chosen_by_the_kind_of_bf16_cpu(monkeypatch
     s = {**recipe.TRAINING, **recipe.DECODING, **recipe.SETUP}
     choice = recipe.choose_model(s)
     assert choice["rule"] == rule and choice["precision"] == "bf16" and choice["arch"] == "small"
-    assert s["SUBWORD_SAMPLES"] == samples and s["AVERAGE_LAST"] == 5 and s["LABEL_SMOOTHING"] == smoothing
+    assert s["SUBWORD_SAMPLES"] == samples and s["LABEL_SMOOTHING"] == smoothing
+    assert s["AVERAGE_LAST"] == average and s["SAVE_INTERVALS"] == intervals
