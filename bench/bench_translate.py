@@ -4,8 +4,9 @@ For each model: nmt's sentences/s and target tokens/s in process (beam 4 with th
 `t2t` search, greedy, and beam 4 `--beam-style fairseq --lenpen-style avg`, the search
 CTranslate2 does); then, for a trained model, CTranslate2 in processes of its own that never
 import torch (bench/ct2_standalone.py: one `translate_batch` over all lines, sorted token-based
-batches of --ct2-batch-tokens (4096), fp32 and int8 compute on the same exported weights, every
-inter_threads x intra_threads split whose product is --threads, the best one kept), nmt's
+batches of each size in --ct2-batch-tokens (1024 and 4096), fp32 and int8 compute on the same
+exported weights, every inter_threads x intra_threads split whose product is --threads, the best
+batch size and split kept: 4096 was its fastest on a Zen 4, 1024 on Sapphire Rapids), nmt's
 `--engine ctranslate2` translator in a process of its own (bench/ct2_engine.py), the ratios,
 how many lines are identical, and the whole `nmt translate` command (wall time, peak RSS) for
 both engines next to a whole standalone CTranslate2 process doing the same work. Every time is
@@ -165,15 +166,15 @@ def thread_splits(threads: int) -> list[tuple[int, int]]:
     return [(inter, threads // inter) for inter in range(1, threads + 1) if threads % inter == 0]
 
 
-def standalone_ctranslate2(model_dir: Path, plain: Path, out: Path, compute_type: str, args, repeat: int,
-                           split: tuple[int, int]) -> tuple[dict, list[str]]:
+def standalone_ctranslate2(model_dir: Path, plain: Path, out: Path, compute_type: str, repeat: int,
+                           split: tuple[int, int], batch_tokens: int) -> tuple[dict, list[str]]:
     """bench/ct2_standalone.py in its own process: (its JSON line, whole-process wall and RSS; its output lines)."""
     cmd = [sys.executable, str(REPO / "bench" / "ct2_standalone.py"), str(model_dir), str(plain), str(out),
            "--inter", str(split[0]), "--intra", str(split[1]), "--compute-type", compute_type, "--repeat", str(repeat),
-           "--max-batch-tokens", str(args.ct2_batch_tokens)]
+           "--max-batch-tokens", str(batch_tokens)]
     seconds, peak, stdout = time_command(cmd, 1)
     result = json.loads(stdout.strip().splitlines()[-1])
-    result.update(process_s=round(seconds, 2), peak_rss_mib=round(peak, 1))
+    result.update(process_s=round(seconds, 2), peak_rss_mib=round(peak, 1), batch_tokens=batch_tokens)
     return result, out.read_text(encoding="utf-8").splitlines()
 
 
@@ -203,12 +204,14 @@ def compare_with_ctranslate2(run: Path, plain: Path, lines: list[str], nmt_out: 
     result: dict = {"model_dir": str(model_dir)}
     work = plain.parent
     for compute_type in ("float32", "int8"):
-        runs = [standalone_ctranslate2(model_dir, plain, work / f"ct2_{compute_type}_{i}.txt", compute_type, args, args.repeat, split)
-                for i, split in enumerate(thread_splits(args.threads))]
+        runs = [standalone_ctranslate2(model_dir, plain, work / f"ct2_{compute_type}_{i}_{tokens}.txt", compute_type, args.repeat,
+                                       split, tokens)
+                for i, split in enumerate(thread_splits(args.threads)) for tokens in args.ct2_batch_tokens]
         best, ct2_out = max(runs, key=lambda r: r[0]["sentences_per_s"])
         engine, engine_out = nmt_ctranslate2_engine(run, plain, work / f"engine_{compute_type}.txt", compute_type, args)
         entry = {
-            "standalone": best | {"splits": {f"{r['inter_threads']}x{r['intra_threads']}": r["sentences_per_s"] for r, _ in runs}},
+            "standalone": best | {"splits": {f"{r['inter_threads']}x{r['intra_threads']}, {r['batch_tokens']} tokens": r["sentences_per_s"]
+                                                for r, _ in runs}},
             "nmt_engine": engine | {"ratio_to_standalone": round(engine["sentences_per_s"] / best["sentences_per_s"], 3),
                                     "identical_lines_to_standalone": sum(a == b for a, b in zip(engine_out, ct2_out))},
         }
@@ -216,13 +219,15 @@ def compare_with_ctranslate2(run: Path, plain: Path, lines: list[str], nmt_out: 
             entry["identical_lines_nmt_fairseq_avg"] = sum(a == b for a, b in zip(nmt_out, ct2_out))
             result["standalone_out"] = ct2_out
         result[compute_type] = entry
-        say(f"CTranslate2 {compute_type} standalone (own process, no torch), best of inter x intra "
+        say(f"CTranslate2 {compute_type} standalone (own process, no torch), best of inter x intra and batch tokens "
             f"{entry['standalone']['splits']}: {best['sentences_per_s']} sentences/s; nmt --engine ctranslate2: "
             f"{engine['sentences_per_s']} sentences/s = {entry['nmt_engine']['ratio_to_standalone']}x "
             f"(torch imported: {engine['torch_imported']}; {entry['nmt_engine']['identical_lines_to_standalone']}/{len(lines)} lines identical)")
     # whole processes doing the same work once: load, tokenize, translate, detokenize, write
-    split = (result["float32"]["standalone"]["inter_threads"], result["float32"]["standalone"]["intra_threads"])
-    walls = [standalone_ctranslate2(model_dir, plain, work / "ct2_whole.txt", "float32", args, 1, split)[0] for _ in range(args.repeat)]
+    fastest = result["float32"]["standalone"]
+    split = (fastest["inter_threads"], fastest["intra_threads"])
+    walls = [standalone_ctranslate2(model_dir, plain, work / "ct2_whole.txt", "float32", 1, split, fastest["batch_tokens"])[0]
+             for _ in range(args.repeat)]
     whole = min(walls, key=lambda r: r["process_s"])
     cli = time_cli(run, plain, len(lines), args, {}, "--engine", "ctranslate2", "--beam-style", "fairseq", "--lenpen-style", "avg")
     result["whole_command"] = {
@@ -244,8 +249,9 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=0, help="translate only the first N lines (0: all)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=0, help="nmt's --max-tokens (0: nmt translate's auto, per engine)")
-    parser.add_argument("--ct2-batch-tokens", type=int, default=4096,
-                        help="standalone CTranslate2's max_batch_size in tokens (its fastest here; nmt's engine uses --max-tokens)")
+    parser.add_argument("--ct2-batch-tokens", type=lambda v: [int(t) for t in v.split(",")], default=[1024, 4096],
+                        help="standalone CTranslate2's max_batch_size in tokens, comma-separated: each is timed and the "
+                             "fastest kept (nmt's engine uses --max-tokens)")
     parser.add_argument("--beams", default="4,1", help="beam sizes to time, comma-separated")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--amp", default="auto")
