@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DEFAULT_MULTI30K, REPO, matmul_flops, peak_rss_mib, write_result  # noqa: E402
+from common import DEFAULT_MULTI30K, REPO, matmul_flops, peak_rss_mib, positive_ints, write_result  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 
@@ -249,10 +249,10 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=0, help="translate only the first N lines (0: all)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=0, help="nmt's --max-tokens (0: nmt translate's auto, per engine)")
-    parser.add_argument("--ct2-batch-tokens", type=lambda v: [int(t) for t in v.split(",")], default=[1024, 4096],
+    parser.add_argument("--ct2-batch-tokens", type=positive_ints, default=[1024, 4096],
                         help="standalone CTranslate2's max_batch_size in tokens, comma-separated: each is timed and the "
                              "fastest kept (nmt's engine uses --max-tokens)")
-    parser.add_argument("--beams", default="4,1", help="beam sizes to time, comma-separated")
+    parser.add_argument("--beams", type=positive_ints, default=[4, 1], help="beam sizes to time, comma-separated")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--amp", default="auto")
     parser.add_argument("--archs", default="mini,small", help="architectures of the random models, comma-separated")
@@ -316,7 +316,7 @@ def bench_model(label: str, run: Path, weights: str, length: dict, lines: list[s
     def say(text: str) -> None:
         print(f"[{label}, {weights} weights] {text}", file=sys.stderr, flush=True)
 
-    for beam in [int(b) for b in args.beams.split(",")]:
+    for beam in args.beams:
         r = time_in_process(run, lines, beam, args, length)
         result[f"beam{beam}"] = r
         say(f"nmt beam {beam} (t2t): {r['sentences_per_s']} sentences/s, {r['target_tokens_per_s']} target tokens/s "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import resource
@@ -16,6 +17,18 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 DEFAULT_WMT14 = REPO.parent / "shared" / "data" / "wmt14"
 RESULTS = REPO / "bench" / "results"
+
+
+def positive_ints(text: str) -> list[int]:
+    """An argparse type for a comma-separated list of positive integers ("1024,4096"): a bad
+    value ends in argparse's one-line usage error that names it, never a traceback."""
+    try:
+        values = [int(t) for t in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of positive integers")
+    return values
 
 
 def matmul_flops(dtype: torch.dtype = torch.float32, n: int = 2048, budget_s: float = 3.0, device: str = "cpu") -> float:
