@@ -8,7 +8,7 @@ TORCH_REQ ?= torch
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test bench bench-preprocess bench-train bench-train-gpu bench-translate bench-decoder-ops bench-scale bench-serve bench-constraints bench-alignment recipe-multi30k recipe-wmt14-ende clean
+.PHONY: install test bench bench-preprocess bench-train bench-train-gpu bench-translate bench-decoder-ops bench-decoder-profile bench-scale bench-serve bench-constraints bench-alignment recipe-multi30k recipe-wmt14-ende clean
 
 install: $(STAMP)
 
@@ -48,6 +48,12 @@ bench-translate: install
 # The decoder step's CPU ops (oneDNN products, encoder-decoder attention) against the stock ops.
 bench-decoder-ops: install
 	$(BIN)/python bench/bench_decoder_ops.py
+
+# Where the decoders' time goes: nmt native and standalone CTranslate2 sampled by Linux `perf`
+# on each trained run of RUNS (one thread, the fairseq search both do).
+bench-decoder-profile: install
+	@test -n "$(RUNS)" || { echo "bench-decoder-profile: set RUNS to trained run directories, e.g. RUNS=runs/multi30k-en-de" >&2; exit 2; }
+	$(BIN)/python bench/profile_decoders.py $(RUNS)
 
 # WMT-scale data path on a synthetic 4.5M-pair corpus (newstest lengths): preprocess, batching,
 # first update with --distributed-world-size 2 on CPU, big checkpoint write.

@@ -188,11 +188,11 @@ def nmt_ctranslate2_engine(run: Path, plain: Path, out: Path, compute_type: str,
     return result, out.read_text(encoding="utf-8").splitlines()
 
 
-def compare_with_ctranslate2(run: Path, plain: Path, lines: list[str], nmt_out: list[str], args, say) -> dict:
-    """CTranslate2 standalone (best thread split) vs nmt's engine on it, fp32 and int8, and the
-    whole `nmt translate --engine ctranslate2` command vs a whole standalone process."""
-    # The export runs in a child, as everything CTranslate2 here: CTranslate2 and torch in one
-    # process bring two OpenMP runtimes that fight over the cores (pytorch/pytorch#98836).
+def exported_model_dir(run: Path) -> Path:
+    """The CTranslate2 export of the run's default checkpoint (`nmt translate --engine
+    ctranslate2`'s cached one, exported now if missing or stale). The export runs in a child,
+    as everything CTranslate2 here: CTranslate2 and torch in one process bring two OpenMP
+    runtimes that fight over the cores (pytorch/pytorch#98836)."""
     export = subprocess.run([sys.executable, "-c", "import sys; from nmt.run.directory import RunDir; "
                              "from nmt.inference.checkpoints import default_checkpoint; "
                              "from nmt.inference.ctranslate2_engine import cached_model_dir; "
@@ -200,7 +200,13 @@ def compare_with_ctranslate2(run: Path, plain: Path, lines: list[str], nmt_out: 
                             capture_output=True, text=True, cwd=REPO)
     if export.returncode != 0:
         raise SystemExit(f"export failed: {export.stderr.strip()}")
-    model_dir = Path(export.stdout.strip().splitlines()[-1])
+    return Path(export.stdout.strip().splitlines()[-1])
+
+
+def compare_with_ctranslate2(run: Path, plain: Path, lines: list[str], nmt_out: list[str], args, say) -> dict:
+    """CTranslate2 standalone (best thread split) vs nmt's engine on it, fp32 and int8, and the
+    whole `nmt translate --engine ctranslate2` command vs a whole standalone process."""
+    model_dir = exported_model_dir(run)
     result: dict = {"model_dir": str(model_dir)}
     work = plain.parent
     for compute_type in ("float32", "int8"):

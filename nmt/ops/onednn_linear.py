@@ -5,8 +5,10 @@ one thread) oneDNN's matmul ran the products of a beam search step 0.97-1.15x as
 decoder layers and 1.14-1.39x in the vocabulary projection (`make bench-decoder-ops`,
 bench/results/2026-12-03_0970d33_zen4_bench-decoder-ops.json); the products are about two
 thirds of a decoder step's time there.
-CTranslate2 makes the same choice: MKL on Intel CPUs, oneDNN elsewhere. On Intel CPUs, where
-MKL is the vendor's own library and no comparison was measured, `nn.Linear` stays.
+CTranslate2 makes the same choice: MKL on Intel CPUs, oneDNN elsewhere. On an Intel Sapphire
+Rapids (torch 2.13, one thread) oneDNN gained nothing: 0.93-1.02x in the decoder layers' products,
+1.08x / 0.97x in the vocabulary projection of `mini` / `small`
+(bench/results/2026-12-05_17740f9_sapphire-rapids_bench-decoder-ops.json), so `nn.Linear` stays there.
 
 Only inference in fp32 takes this path (no gradient: oneDNN's op here has no backward); bf16
 weights, autocast and training run `nn.Linear` unchanged. Results equal F.linear's to float
