@@ -77,7 +77,8 @@ TRAINING: dict[str, Any] = {
 # Without bf16 units neither was measured, so fp32 keeps what it had.
 # Against the AMX defaults' val 40.40 (2 threads), these lost: lr 3e-3 with 800 warmup (38.96),
 # lr 1.5e-3 (40.17), attention and ReLU dropout 0.1 (39.27), dropout 0.3 (37.17 against a fresh
-# clone's 40.60, same batches), and Wu et al. (2021)'s shape, mini
+# clone's 40.60, same batches) and 0.1 (39.32: it overfits after epoch 16), 4+4 layers (far
+# slower to learn per update), and Wu et al. (2021)'s shape, mini
 # with d_ff 256, dropout 0.3, lr 5e-3, 4096 tokens (37.64), though it trains 1.7x the tokens/s.
 # On the Zen 4 (2 threads, one run each), label smoothing 0.2 gave val 40.21 against 39.08-39.57 in
 # three runs with the paper's 0.1 (test 39.02 against 38.54-38.96), and a joint BPE of 5000 instead
