@@ -37,7 +37,6 @@ For the GPU check (the paper's `base`, newstest2014, bf16):
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 import os
@@ -49,7 +48,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DEFAULT_MULTI30K, REPO, matmul_flops, peak_rss_mib, positive_ints, write_result  # noqa: E402
+from common import DEFAULT_MULTI30K, REPO, matmul_flops, peak_rss_mib, positive_ints, read_lines, write_result  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 
@@ -65,7 +64,7 @@ def build_random_run(root: Path, multi30k: Path, arch: str, vocab_size: int) -> 
     from nmt.run.directory import RunDir
     from nmt.data.tokenizer import load_tokenizer, train_tokenizer
 
-    lines = [l.rstrip("\n") for name in ("train.en.gz", "train.de.gz") for l in gzip.open(multi30k / name, "rt", encoding="utf-8")]
+    lines = [line for name in ("train.en.gz", "train.de.gz") for line in read_lines(multi30k / name)]
     model_file = train_tokenizer("bpe", lines, vocab_size, root / "vocab" / "joint.model")
     vocab = load_tokenizer(model_file).vocab_size
     rd = RunDir(root)
@@ -198,8 +197,8 @@ def exported_model_dir(run: Path) -> Path:
                              "from nmt.inference.ctranslate2_engine import cached_model_dir; "
                              "from pathlib import Path; r = RunDir(Path(sys.argv[1])); print(cached_model_dir(r, default_checkpoint(r))[0])", str(run)],
                             capture_output=True, text=True, cwd=REPO)
-    if export.returncode != 0:
-        raise SystemExit(f"export failed: {export.stderr.strip()}")
+    if export.returncode != 0:  # the child's last line says why (an NmtError, or a traceback's last line)
+        raise SystemExit(f"export of {run} failed: {(export.stderr.strip().splitlines() or ['no message'])[-1]}")
     return Path(export.stdout.strip().splitlines()[-1])
 
 
@@ -280,8 +279,7 @@ def main() -> None:
         raise SystemExit(f"no input at {source}; pass --data or --source")
 
     with tempfile.TemporaryDirectory(prefix="bench_translate.") as tmp:
-        with gzip.open(source, "rt", encoding="utf-8") if source.suffix == ".gz" else open(source, encoding="utf-8") as f:
-            lines = [l.rstrip("\n") for l in f]
+        lines = read_lines(source)
         if args.limit:
             lines = lines[: args.limit]
         plain = Path(tmp) / "input.txt"
@@ -344,8 +342,8 @@ def bench_model(label: str, run: Path, weights: str, length: dict, lines: list[s
                 result[key]["ratio_to_ct2_standalone_fp32"] = round(result[key]["sentences_per_s"] / standalone, 3)
         result["ctranslate2"] = ct2
         say(f"nmt native / standalone CTranslate2 fp32 ({standalone} sentences/s): "
-            f"t2t {result.get('beam4', {}).get('ratio_to_ct2_standalone_fp32')}x, "
-            f"fairseq/avg {result['beam4_fairseq_avg']['ratio_to_ct2_standalone_fp32']}x; "
+            + (f"t2t {result['beam4']['ratio_to_ct2_standalone_fp32']}x, " if "beam4" in result else "t2t beam 4 not timed (--beams), ")
+            + f"fairseq/avg {result['beam4_fairseq_avg']['ratio_to_ct2_standalone_fp32']}x; "
             f"{ct2['float32']['identical_lines_nmt_fairseq_avg']}/{len(lines)} lines identical (nmt fairseq/avg vs CTranslate2)")
     if not args.no_cli:
         c = time_cli(run, plain, len(lines), args, length)

@@ -19,6 +19,14 @@ DEFAULT_WMT14 = REPO.parent / "shared" / "data" / "wmt14"
 RESULTS = REPO / "bench" / "results"
 
 
+def read_lines(path: Path) -> list[str]:
+    """The lines of a text file, gzip-compressed when its name ends in .gz, without their newlines."""
+    import gzip
+
+    with gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
 def positive_ints(text: str) -> list[int]:
     """An argparse type for a comma-separated list of positive integers ("1024,4096"): a bad
     value ends in argparse's one-line usage error that names it, never a traceback."""

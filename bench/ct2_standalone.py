@@ -70,8 +70,9 @@ def main() -> None:
         out = [""] * len(lines)
         for i, text in zip(keep, tgt_sp.decode([[p for p in r.hypotheses[0] if p != "</s>"] for r in results])):
             out[i] = text
-        if time.perf_counter() - start < best:
-            best, window = time.perf_counter() - start, (started, time.monotonic())
+        elapsed = time.perf_counter() - start
+        if elapsed < best:
+            best, window = elapsed, (started, time.monotonic())
     args.output.write_text("".join(line + "\n" for line in out), encoding="utf-8")
     print(json.dumps({"inter_threads": args.inter, "intra_threads": args.intra, "compute_type": args.compute_type,
                       "load_s": round(loaded - START, 3), "translate_s": round(best, 3),

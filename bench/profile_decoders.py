@@ -32,7 +32,6 @@ and prints it as one JSON line last.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import re
 import shutil
@@ -44,7 +43,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DEFAULT_MULTI30K, REPO, write_result  # noqa: E402
+from common import DEFAULT_MULTI30K, REPO, read_lines, write_result  # noqa: E402
 
 CATEGORIES = [
     ("matrix products", r"mkl_blas|sgemm|gemv|gemm|dnnl|brgemm|openblas"),
@@ -73,9 +72,11 @@ def profile(cmd: list[str], frequency: int, work: Path) -> tuple[dict, Counter, 
     data = work / "perf.data"
     run = subprocess.run(["perf", "record", "-q", "-k", "CLOCK_MONOTONIC", "-F", str(frequency), "-o", str(data), "--", *cmd],
                          capture_output=True, text=True, cwd=REPO)
-    if run.returncode != 0:
-        raise SystemExit(f"perf record failed ({run.returncode}): {run.stderr.strip()[-400:]}")
-    child = json.loads([l for l in run.stdout.splitlines() if l.startswith("{")][-1])
+    reports = [l for l in run.stdout.splitlines() if l.startswith("{")]
+    if run.returncode != 0 or not reports:  # perf refused (perf_event_paranoid), or the decoder failed
+        why = (run.stderr.strip().splitlines() or ["no message"])[-1]
+        raise SystemExit(f"{Path(cmd[1]).name} under perf record failed (exit {run.returncode}): {why}")
+    child = json.loads(reports[-1])
     start, end = child["window_monotonic"]
     script = subprocess.run(["perf", "script", "-i", str(data), "-F", "time,ip,sym,dso"], capture_output=True, text=True)
     counts: Counter = Counter()
@@ -122,6 +123,8 @@ def profile_run(run: Path, model_dir: Path, plain: Path, work: Path, args: argpa
         print(f"{run.name}: perf record of {name} ...", file=sys.stderr)
         child, counts, total = profile(cmd, args.frequency, work)
         inside, seconds = sum(counts.values()), child["translate_s"]
+        if not inside:
+            raise SystemExit(f"perf recorded no sample inside {name}'s translate call; raise --frequency or translate more lines")
         engines[name] = {
             "translate_s": seconds, "sentences_per_s": child["sentences_per_s"], "samples_in_window": inside,
             "samples_in_process": total,
@@ -163,8 +166,7 @@ def main() -> None:
                     "perf_frequency": args.frequency, "ct2_batch_tokens": args.ct2_batch_tokens, "runs": {}}
     with tempfile.TemporaryDirectory(prefix="profile_decoders.") as tmp:
         work = Path(tmp)
-        with gzip.open(args.data / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
-            lines = [l.rstrip("\n") for l in f]
+        lines = read_lines(args.data / "test_2016_flickr.en.gz")
         lines = lines[: args.limit] if args.limit else lines
         plain = work / "input.txt"
         plain.write_text("".join(l + "\n" for l in lines), encoding="utf-8")
