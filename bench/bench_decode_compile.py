@@ -1,7 +1,8 @@
 """Does `torch.compile` of the decoder step pay off on CPU? One process, one trained run:
-nmt's beam search with the decoder layers in eager mode, then with each decoder layer's
-forward under `torch.compile(dynamic=True)`, on the Multi30k test lines (best of 2 each, one
-worker: --inter-threads 1, so both time the same thread layout).
+nmt's beam search with the decoder step in eager mode (on a CPU in fp32, the packed step of
+`nmt.ops.cpu_decoder_step`), then with the model's `decode_step_hidden` under
+`torch.compile(dynamic=True)`, on the Multi30k test lines (best of 2 each, one worker:
+--inter-threads 1, so both time the same thread layout).
 
     .venv/bin/python bench/bench_decode_compile.py RUN_DIR [--threads 2] [--beam-style fairseq]
 
@@ -55,14 +56,14 @@ def main() -> None:
     translator.decoder.decode(ids[:64], search)  # warm-up
     eager, eager_out = best_of_two()
     print(f"eager: {eager:.1f} sentences/s", file=sys.stderr)
-    for layer in translator.models[0].decoder_layers:
-        layer.forward = torch.compile(layer.forward, dynamic=True)
+    model = translator.models[0]
+    model.decode_step_hidden = torch.compile(model.decode_step_hidden, dynamic=True)
     start = time.perf_counter()
     translator.decoder.decode(ids[:64], search)
     compile_s = time.perf_counter() - start
     compiled, compiled_out = best_of_two()
     same = sum(a == b for a, b in zip(eager_out, compiled_out))
-    print(f"compiled decoder layers: {compiled:.1f} sentences/s = {compiled / eager:.2f}x eager, "
+    print(f"compiled decoder step: {compiled:.1f} sentences/s = {compiled / eager:.2f}x eager, "
           f"{compile_s:.1f} s to compile (first 64 lines), {same}/{len(lines)} lines identical", file=sys.stderr)
     result = {"bench": "decode-compile", "run": str(args.run_dir), "threads": args.threads, "beam_style": args.beam_style,
               "eager_sentences_per_s": round(eager, 1), "compiled_sentences_per_s": round(compiled, 1),

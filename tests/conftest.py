@@ -15,6 +15,18 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny models: a second thread only adds synchronisation (and the test machine is shared).
+    A module asks for it with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def multi30k_dir() -> Path:
     """../shared/data/multi30k; tests that need it skip cleanly in a user's fresh clone."""

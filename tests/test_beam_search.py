@@ -17,13 +17,7 @@ from nmt.model.config import build_config
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: a second thread only adds synchronisation (and the test machine is shared)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _model(vocab: int, seed: int = 0, **kw) -> Transformer:

@@ -19,7 +19,9 @@ from nmt.inference.sampling import restrict, sample
 from nmt.inference.sampling_config import SamplingConfig
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from nmt.inference.config import SearchConfig
-from test_translate import _lines, _make_run, _one_thread  # noqa: F401  (autouse: tiny models on one thread)
+from test_translate import _lines, _make_run
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

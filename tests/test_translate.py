@@ -25,13 +25,7 @@ WORDS = ("ein Mann fährt Fahrrad über die Straße . zwei Hunde spielen im Schn
          "café déjà vu naïve größer Mädchen").split()
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: a second thread only adds synchronisation (and the test machine is shared)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _lines(n: int, seed: int) -> list[str]:

@@ -50,7 +50,6 @@ from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.errors import NmtError
@@ -145,7 +144,8 @@ def row_candidates(models: Sequence[Transformer], states: Sequence[DecoderState]
         rows = slice(start, start + block)
         scores = None
         for model, h in zip(models, hidden):
-            lprobs = F.log_softmax(model.project_fp32(h[rows]), dim=-1)
+            logits = model.project_fp32(h[rows])
+            lprobs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: one block less to write
             scores = lprobs if scores is None else scores.add_(lprobs)
         if len(models) > 1:
             scores.div_(len(models))

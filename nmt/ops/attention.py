@@ -15,7 +15,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from nmt.model.transformer import MultiHeadAttention, Transformer
+from nmt.model.incremental import DecoderState
+from nmt.model.transformer import EncoderOut, MultiHeadAttention, Transformer
+from nmt.ops.cpu_decoder_step import PackedDecoderState, init_packed_state, packed_decode_step_hidden
 from nmt.ops.onednn_linear import onednn_linear, takes_onednn
 
 
@@ -132,7 +134,8 @@ class CpuTransformer(Transformer):
     PyTorch's CPU attention runs faster without a mask than with one that allows everything.
     (On a GPU, asking whether there is padding would make the host wait for the device, and
     graphs under torch.compile keep one shape of call, so both always pass the mask.) In fp32
-    inference on AMD CPUs its vocabulary projection runs oneDNN's matmul (`nmt.ops.onednn_linear`)."""
+    inference on AMD CPUs its vocabulary projection runs oneDNN's matmul (`nmt.ops.onednn_linear`),
+    and fp32 inference decodes step by step with `nmt.ops.cpu_decoder_step` (same maths, fewer operations)."""
 
     onednn_projection: bool = False
     """Whether fp32 inference projects to the vocabulary through `nmt.ops.onednn_linear` (set by `optimize_for`)."""
@@ -141,6 +144,18 @@ class CpuTransformer(Transformer):
         if torch.compiler.is_compiling() or bool(src_tokens.eq(self.cfg.pad_id).any()):
             return super().source_mask(src_tokens)
         return None
+
+    def init_decoder_state(self, enc: EncoderOut, beam: int = 1) -> DecoderState | PackedDecoderState:
+        weights_fp32 = self.output_weight.dtype == torch.float32 and enc.states.dtype == torch.float32
+        if (weights_fp32 and not self.training and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+                and not torch.compiler.is_compiling()):
+            return init_packed_state(self, enc, beam)
+        return super().init_decoder_state(enc, beam)
+
+    def decode_step_hidden(self, tokens: Tensor, state: DecoderState | PackedDecoderState) -> Tensor:
+        if isinstance(state, PackedDecoderState):
+            return packed_decode_step_hidden(self, tokens, state)
+        return super().decode_step_hidden(tokens, state)
 
     def project_fp32(self, hidden: Tensor) -> Tensor:
         if self.onednn_projection and takes_onednn(hidden, self.output_weight):

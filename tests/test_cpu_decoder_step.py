@@ -1,0 +1,130 @@
+"""fp32 CPU inference decodes with the packed step (nmt.ops.cpu_decoder_step): the stock step's
+numbers at every step, the stock model's translations, and the stock step wherever it does not apply."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt.data.tokenizer import BOS_ID
+from nmt.inference.beam_search import SearchConfig, beam_search
+from nmt.model.config import build_config
+from nmt.model.incremental import DecoderState
+from nmt.model.transformer import Transformer
+from nmt.ops import optimize_for
+from nmt.ops.cpu_decoder_step import PackedDecoderState
+from test_beam_search import _batch  # tests/ is on pytest's path
+
+VOCAB = 24
+VARIANTS = {
+    "paper": {},
+    "pre-LN, swish, logits bias, Marian positions": dict(pre_ln=True, activation="swish", output_bias=True,
+                                                        positions_layout="halves"),
+}
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _models(seed: int, **kw) -> tuple[Transformer, Transformer]:
+    """(stock, optimized for CPU inference): the same weights."""
+    torch.manual_seed(seed)
+    stock = Transformer(build_config("tiny", VOCAB, VOCAB, **kw)).eval()
+    if stock.output_bias is not None:
+        torch.nn.init.normal_(stock.output_bias)
+    fast = optimize_for(copy.deepcopy(stock), torch.device("cpu"), torch.float32, inference=True).eval()
+    return stock, fast
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("lengths", [[5, 9, 3], [6, 6, 6]], ids=["padded", "no padding"])
+def test_packed_step_gives_the_stock_logits_through_reorders_growth_and_sentences_leaving(variant, lengths):
+    stock, fast = _models(seed=3, **VARIANTS[variant])
+    src = _batch(lengths, VOCAB, seed=4)
+    g = torch.Generator().manual_seed(5)
+    beam = 3
+    with torch.inference_mode():
+        states = [m.init_decoder_state(m.encode(src), beam=beam) for m in (stock, fast)]
+        assert type(states[0]) is DecoderState and type(states[1]) is PackedDecoderState
+        n_sent, rows = len(lengths), len(lengths)  # the first step runs one row per sentence
+        tokens = torch.full((rows,), BOS_ID)
+        for step in range(20):  # past the cache's capacities 8, 12 and 18
+            want, got = (m.decode_step(tokens, s) for m, s in zip((stock, fast), states))
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            sentences = None
+            if step == 10:  # the middle sentence leaves; the others continue from random rows of theirs
+                sentences = torch.tensor([0, 2])
+            kept = sentences.tolist() if sentences is not None else range(n_sent)
+            width = rows // n_sent
+            parents = [s * width + int(torch.randint(width, (1,), generator=g)) for s in kept for _ in range(beam)]
+            n_sent, rows = len(kept), len(kept) * beam
+            for s in states:
+                s.reorder(torch.tensor(parents), sentences)
+            tokens = torch.randint(4, VOCAB, (rows,), generator=g)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("search", [dict(), dict(beam_style="fairseq", lenpen_style="avg", nbest=2),
+                                    dict(beam_style="shrink", beam=3)], ids=["t2t", "fairseq n-best", "shrink"])
+def test_searches_with_the_packed_step_find_the_stock_model_s_translations(variant, search):
+    stock, fast = _models(seed=6, **VARIANTS[variant])
+    src = _batch([7, 4, 9, 2, 5], VOCAB, seed=7)
+    cfg = SearchConfig(**{"beam": 4, "max_len_b": 12, **search})
+    prefixes = [[5, 6], [], [7], [], [8, 9, 10]]
+    for kw in ({}, {"prefixes": prefixes}):
+        want, got = beam_search(stock, src, cfg, **kw), beam_search(fast, src, cfg, **kw)
+        assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
+        assert [h.score for hyps in got for h in hyps] == pytest.approx([h.score for hyps in want for h in hyps], abs=1e-4)
+
+
+def test_the_stock_step_runs_wherever_the_packed_one_does_not_apply():
+    """Autograd (scoring with gradients, training), bf16 weights and a model in training mode keep
+    the stock state and step; fp32 inference takes the packed one."""
+    _, fast = _models(seed=8)
+    src = _batch([4, 6], VOCAB, seed=9)
+    with torch.no_grad():
+        assert type(fast.init_decoder_state(fast.encode(src))) is PackedDecoderState
+    assert type(fast.init_decoder_state(fast.encode(src))) is DecoderState  # autograd on
+    with torch.no_grad():
+        fast.train()
+        assert type(fast.init_decoder_state(fast.encode(src))) is DecoderState
+        fast.eval()
+        half = copy.deepcopy(fast).to(torch.bfloat16)
+        assert type(half.init_decoder_state(half.encode(src))) is DecoderState
+        logits = half.decode_step(torch.full((2,), BOS_ID), half.init_decoder_state(half.encode(src)))
+        assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
+
+
+def test_packed_state_holds_every_step_once_per_row_after_reorders():
+    """The cache holds exactly the keys the stock caches hold, layer by layer, after a reorder
+    that repeats and drops rows."""
+    stock, fast = _models(seed=10)
+    src = _batch([5, 3], VOCAB, seed=11)
+    with torch.inference_mode():
+        states = [m.init_decoder_state(m.encode(src), beam=2) for m in (stock, fast)]
+        for tokens, parents in ((torch.tensor([BOS_ID, BOS_ID]), [0, 0, 1, 1]), (torch.tensor([4, 5, 6, 7]), [1, 1, 3, 2])):
+            for m, s in zip((stock, fast), states):
+                m.decode_step(tokens, s)
+                s.reorder(torch.tensor(parents))
+        packed = states[1]
+        for layer, cache in enumerate(states[0].caches):
+            k = packed.kv[layer, 0, : packed.rows, :, : packed.length]
+            v = packed.kv[layer, 1, : packed.rows, :, : packed.length]
+            torch.testing.assert_close(k, cache.k[: cache.rows, :, : cache.length])
+            torch.testing.assert_close(v, cache.v[: cache.rows, :, : cache.length])
+
+
+def test_sampling_and_scoring_paths_accept_the_packed_state():
+    """Sampling calls decode_step without reorders: the cache grows on its own."""
+    _, fast = _models(seed=12)
+    src = _batch([4, 8, 6], VOCAB, seed=13)
+    with torch.inference_mode():
+        state = fast.init_decoder_state(fast.encode(src))
+        tokens = torch.full((3,), BOS_ID)
+        for _ in range(15):
+            logits = fast.decode_step(tokens, state)
+            tokens = F.log_softmax(logits, -1).argmax(-1)
+        assert state.length == 15 and state.kv.size(4) >= 15
