@@ -37,6 +37,7 @@ For the GPU check (the paper's `base`, newstest2014, bf16):
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -96,6 +97,8 @@ def time_in_process(run: Path, lines: list[str], beam: int, args, length: dict, 
     search = SearchConfig(beam=beam, **length, **search_args)
     cfg = TranslateConfig(device=args.device, threads=args.threads, amp=args.amp, max_tokens=args.max_tokens)
     translator = load_translator(run, search=search, cfg=cfg)
+    gc.collect()
+    gc.freeze()  # as `nmt translate` does once its models are loaded
     translator.translate(lines[:32])  # warm-up: allocator, GEMM kernels
     translator.target_tokens = 0
 

@@ -32,6 +32,7 @@ and prints it as one JSON line last.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import re
 import shutil
@@ -102,6 +103,8 @@ def nmt_child(run: Path, source: Path, threads: int) -> None:
     lines = source.read_text(encoding="utf-8").splitlines()
     translator = load_translator(run, search=SearchConfig(beam=4, beam_style="fairseq", lenpen_style="avg"),
                                  cfg=TranslateConfig(device="cpu", threads=threads))
+    gc.collect()
+    gc.freeze()  # as `nmt translate` does once its models are loaded
     translator.translate(lines[:32])
     start, started = time.perf_counter(), time.monotonic()
     out = translator.translate(lines)
