@@ -6,9 +6,10 @@ of translation each costs more in Python and operator set-up than in arithmetic 
 profile: about 1,300 operations per step of `mini`, per-operation cost the largest part of its
 gap to CTranslate2). This step computes the same layers from their parameters with fewer:
 
-- one cache for all layers, `PackedDecoderState.kv` (rows, layers, 2, h, capacity, d_head):
-  a layer appends its step's keys and values with one write (its qkv projection already holds
-  them side by side), and the beam search's reorder is one gather per step instead of two per layer;
+- each layer's keys and values in one buffer, `PackedDecoderState.kv` (2, rows, h, capacity,
+  d_head): a layer appends its step's keys and values with one write (its qkv projection
+  already holds them side by side), and the beam search's reorder is one gather per layer
+  instead of two;
 - self-attention over the cache in place (no copy of the keys and values per step);
 - the encoder-decoder attention as two batched products over each sentence's beam queries
   (`nmt.ops.attention.attention_by_products`' maths), the 1/sqrt(d_k) scale and the padding
@@ -37,12 +38,15 @@ class PackedDecoderState:
     """What the packed step carries between steps (the interface of
     `nmt.model.incremental.DecoderState`: `reorder`, `step`, `beam`).
 
-    `kv` (layers, 2, rows held, h, capacity, d_head): every layer's self-attention keys
-    (index 0) and values (1); rows [:rows] and steps [:length] are live. A layer's keys are
-    then one batch of (steps, d_head) matrices, one per row and head, that a batched product
-    reads in place. The capacity grows by half when full (`SelfAttentionCache`'s rule), and
-    `reorder` gathers the live part into a spare buffer that then becomes the cache (one read
-    and one write per step); when the cache is full, that gather is also the growth.
+    `kv`: per layer, one buffer (2, rows held, h, capacity, d_head) of its self-attention
+    keys (index 0) and values (1); rows [:rows] and steps [:length] are live. A layer's keys
+    are then one batch of (steps, d_head) matrices, one per row and head, that a batched
+    product reads in place. The capacity grows by half when full (`SelfAttentionCache`'s
+    rule), and `reorder` gathers each layer's live part into a spare buffer that then becomes
+    its cache, handing the old one on as the next layer's spare: one read and one write of the
+    cache per step, one buffer more than the cache (one buffer for all layers was one gather
+    per step, but a spare as large as the whole cache: `nmt translate`'s peak RSS rose by
+    240-330 MiB on Multi30k). When the cache is full, that gather is also the growth.
 
     `memory_kv`: per layer, the encoder-decoder keys and values (N, h, S, d_head), one entry
     per sentence, shared by its `beam` adjacent rows; `memory_bias` (N, h, 1, S): 0 where a
@@ -53,8 +57,8 @@ class PackedDecoderState:
                  beam: int = 1):
         self.memory_kv = memory_kv
         self.memory_bias = memory_bias
-        self.layers, self.beam = layers, beam
-        self.kv: Optional[Tensor] = None
+        self.beam = beam
+        self.kv: list[Optional[Tensor]] = [None] * layers
         self.spare: Optional[Tensor] = None
         self.rows = 0
         self.length = 0
@@ -63,23 +67,19 @@ class PackedDecoderState:
     def append(self, layer: int, kv: Tensor) -> tuple[Tensor, Tensor]:
         """Write `layer`'s keys and values of this step, kv (rows, 2, h, d_head), after the
         cached steps; return its keys and values of all steps, (rows, h, steps, d_head) each."""
-        n = kv.size(0)
-        if layer == 0:
-            if self.kv is None:
-                self.kv = kv.new_empty(self.layers, 2, n, *kv.shape[2:3], 8, kv.size(3))
-            elif self.length == self.kv.size(4):  # full, and no reorder grew it
-                grown = self._buffer(n, _grown(self.kv.size(4)))
-                grown[..., : self.length, :] = self.kv[:, :, :n, :, : self.length]
-                self.kv, self.spare = grown, None
-            self.rows = n
-        cache = self.kv[layer, :, :n]  # (2, rows, h, capacity, d_head)
+        n, _, heads, d_head = kv.shape
+        cache = self.kv[layer]
+        if cache is None:
+            cache = self.kv[layer] = kv.new_empty(2, n, heads, 8, d_head)
+        elif self.length == cache.size(3):  # full, and no reorder grew it
+            grown = kv.new_empty(2, n, heads, _grown(cache.size(3)), d_head)
+            grown[:, :, :, : self.length] = cache[:, :n, :, : self.length]
+            cache = self.kv[layer] = grown
+        self.rows = n
+        cache = cache[:, :n]
         cache[:, :, :, self.length] = kv.transpose(0, 1)
         live = cache[:, :, :, : self.length + 1]
         return live[0], live[1]
-
-    def _buffer(self, rows: int, capacity: int) -> Tensor:
-        _, _, _, heads, _, d_head = self.kv.shape
-        return self.kv.new_empty(self.layers, 2, rows, heads, capacity, d_head)
 
     def end_step(self) -> None:
         """Every layer has appended this step."""
@@ -92,18 +92,18 @@ class PackedDecoderState:
             self.memory_kv = [(k.index_select(0, sentences), v.index_select(0, sentences)) for k, v in self.memory_kv]
             if self.memory_bias is not None:
                 self.memory_bias = self.memory_bias.index_select(0, sentences)
-        if self.kv is None:
-            return
-        n, cache, spare = rows.numel(), self.kv, self.spare
-        held, capacity = max(n, cache.size(2)), cache.size(4)
-        if self.length == capacity:  # full: the gather into a larger buffer is the growth
-            spare = self._buffer(held, _grown(capacity))
-        elif spare is None or spare.size(2) < n or spare.size(4) != capacity:
-            spare = self._buffer(held, capacity)
-        live = slice(0, self.length)
-        torch.index_select(cache[:, :, : self.rows, :, live], 2, rows, out=spare[:, :, :n, :, live])
-        self.kv, self.rows = spare, n
-        self.spare = cache if cache.size(4) == spare.size(4) else None
+        n, live, spare = rows.numel(), slice(0, self.length), self.spare
+        for layer, cache in enumerate(self.kv):
+            if cache is None:
+                return
+            capacity, held = cache.size(3), max(n, cache.size(1))
+            if self.length == capacity:  # full: the gather into a larger buffer (of the rows alive) is the growth
+                capacity, held = _grown(capacity), n
+            if spare is None or spare.size(1) < n or spare.size(3) != capacity:
+                spare = cache.new_empty(2, held, cache.size(2), capacity, cache.size(4))
+            torch.index_select(cache[:, : self.rows, :, live], 1, rows, out=spare[:, :n, :, live])
+            self.kv[layer], spare = spare, cache
+        self.spare, self.rows = spare, n
 
 
 def _grown(capacity: int) -> int:
