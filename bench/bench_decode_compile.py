@@ -13,14 +13,13 @@ how many lines are identical; writes bench/results/DATE_COMMIT_MACHINE_bench-dec
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DEFAULT_MULTI30K, REPO, write_result  # noqa: E402
+from common import DEFAULT_MULTI30K, REPO, read_lines, write_result  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 
@@ -38,7 +37,10 @@ def main() -> None:
     from nmt.inference.config import SearchConfig, TranslateConfig
     from nmt.inference.translator import load_translator
 
-    lines = [l.rstrip("\n") for l in gzip.open(args.data / "test_2016_flickr.en.gz", "rt", encoding="utf-8")]
+    source = args.data / "test_2016_flickr.en.gz"
+    if not source.is_file():
+        raise SystemExit(f"no input at {source}; pass --data")
+    lines = read_lines(source)
     style = {"beam_style": "fairseq", "lenpen_style": "avg"} if args.beam_style == "fairseq" else {}
     search = SearchConfig(beam=4, lenpen=0.6, **style)
     translator = load_translator(args.run_dir, search=search,

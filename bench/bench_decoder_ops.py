@@ -5,7 +5,7 @@ a batch of 150 sentences (600 rows), models `mini` (d_model 128) and `small` (25
 - linear layers: `F.linear` (MKL sgemm) against `nmt.ops.onednn_linear.onednn_linear`, for the
   products of a decoder layer and the vocabulary projection (8,000 entries, a CPU logit block);
 - encoder-decoder attention: `F.scaled_dot_product_attention` against
-  `nmt.ops.attention.attention_by_products`, beam 4 queries per sentence, S source keys;
+  `nmt.ops.product_attention.attention_by_products`, beam 4 queries per sentence, S source keys;
 - the vocabulary step of the search (`nmt.inference.beam_search.row_candidates` after the
   decoder layers: projection, log-softmax, each row's best tokens) for 600 rows, with the rows
   projected a block at a time (`LOGIT_BLOCK_ELEMENTS`), per block size: the whole-batch block
@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 import nmt.inference.beam_search as search  # noqa: E402
 from nmt.model.config import build_config  # noqa: E402
 from nmt.model.transformer import Transformer  # noqa: E402
-from nmt.ops.attention import attention_by_products  # noqa: E402
+from nmt.ops.product_attention import attention_by_products  # noqa: E402
 from nmt.ops.onednn_linear import onednn_linear, onednn_pays_off  # noqa: E402
 
 

@@ -37,7 +37,6 @@ For the GPU check (the paper's `base`, newstest2014, bf16):
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import os
@@ -91,14 +90,13 @@ def model_flops(model, source_tokens: int, decoder_rows: int) -> float:
 
 
 def time_in_process(run: Path, lines: list[str], beam: int, args, length: dict, **search_args) -> dict:
-    from nmt.inference.translator import load_translator
+    from nmt.inference.translator import freeze_loaded_objects, load_translator
     from nmt.inference.config import SearchConfig, TranslateConfig
 
     search = SearchConfig(beam=beam, **length, **search_args)
     cfg = TranslateConfig(device=args.device, threads=args.threads, amp=args.amp, max_tokens=args.max_tokens)
     translator = load_translator(run, search=search, cfg=cfg)
-    gc.collect()
-    gc.freeze()  # as `nmt translate` does once its models are loaded
+    freeze_loaded_objects()  # as `nmt translate` does once its models are loaded
     translator.translate(lines[:32])  # warm-up: allocator, GEMM kernels
     translator.target_tokens = 0
 

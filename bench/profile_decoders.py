@@ -32,7 +32,6 @@ and prints it as one JSON line last.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import re
 import shutil
@@ -96,15 +95,14 @@ def nmt_child(run: Path, source: Path, threads: int) -> None:
     """Translate `source` once with nmt's native engine (after a warm-up) and print the call's window."""
     sys.path.insert(0, str(REPO))
     from nmt.inference.config import SearchConfig, TranslateConfig
-    from nmt.inference.translator import load_translator
+    from nmt.inference.translator import freeze_loaded_objects, load_translator
     from nmt.ops.cpu_malloc import keep_freed_memory
 
     keep_freed_memory()  # as `nmt translate` does on a CPU
     lines = source.read_text(encoding="utf-8").splitlines()
     translator = load_translator(run, search=SearchConfig(beam=4, beam_style="fairseq", lenpen_style="avg"),
                                  cfg=TranslateConfig(device="cpu", threads=threads))
-    gc.collect()
-    gc.freeze()  # as `nmt translate` does once its models are loaded
+    freeze_loaded_objects()  # as `nmt translate` does once its models are loaded
     translator.translate(lines[:32])
     start, started = time.perf_counter(), time.monotonic()
     out = translator.translate(lines)
@@ -162,6 +160,9 @@ def main() -> None:
     missing = [run for run in args.run_dir if not run.is_dir()]
     if missing:
         raise SystemExit(f"no run directory at {missing[0]}")
+    source = args.data / "test_2016_flickr.en.gz"
+    if not source.is_file():
+        raise SystemExit(f"no input at {source}; pass --data")
 
     from bench_translate import exported_model_dir
 
@@ -169,7 +170,7 @@ def main() -> None:
                     "perf_frequency": args.frequency, "ct2_batch_tokens": args.ct2_batch_tokens, "runs": {}}
     with tempfile.TemporaryDirectory(prefix="profile_decoders.") as tmp:
         work = Path(tmp)
-        lines = read_lines(args.data / "test_2016_flickr.en.gz")
+        lines = read_lines(source)
         lines = lines[: args.limit] if args.limit else lines
         plain = work / "input.txt"
         plain.write_text("".join(l + "\n" for l in lines), encoding="utf-8")

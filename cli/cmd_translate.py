@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import inspect
 import itertools
 import os
@@ -83,7 +82,7 @@ def register(app: typer.Typer) -> None:
         from nmt.run.directory import resolve_run_dir
         from nmt.inference.input_buffer import input_buffers
         from nmt.data.textio import count_lines, text_stdout
-        from nmt.inference.translator import load_translator
+        from nmt.inference.translator import freeze_loaded_objects, load_translator
         from nmt.inference.word_alignment import soft_text
 
         run_dir = resolve_run_dir(kwargs.pop("run_dir"))
@@ -134,10 +133,7 @@ def register(app: typer.Typer) -> None:
             from nmt.ops.cpu_malloc import keep_freed_memory
 
             keep_freed_memory()  # each decoder step frees what the next allocates again (see there)
-        # The models and tokenizers live as long as the command: the cyclic garbage collector
-        # stops re-scanning them (it took 2-4% of a native CPU decoder run: `mini`, 1 thread).
-        gc.collect()
-        gc.freeze()
+        freeze_loaded_objects()
 
         out = text_stdout()
         bar = None

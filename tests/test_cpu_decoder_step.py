@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from nmt.data.tokenizer import BOS_ID
 from nmt.inference.beam_search import SearchConfig, beam_search
 from nmt.model.config import build_config
-from nmt.model.incremental import DecoderState
+from nmt.model.incremental import SelfAttentionCache
 from nmt.model.transformer import Transformer
 from nmt.ops import optimize_for
-from nmt.ops.cpu_decoder_step import PackedDecoderState
+from nmt.ops.cpu_decoder_step import PackedSelfAttentionCache
 from test_beam_search import _batch  # tests/ is on pytest's path
 
 VOCAB = 24
@@ -27,6 +27,10 @@ VARIANTS = {
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _cache_type(state) -> type:
+    return type(state.caches[0])
 
 
 def _models(seed: int, **kw) -> tuple[Transformer, Transformer]:
@@ -48,7 +52,7 @@ def test_packed_step_gives_the_stock_logits_through_reorders_growth_and_sentence
     beam = 3
     with torch.inference_mode():
         states = [m.init_decoder_state(m.encode(src), beam=beam) for m in (stock, fast)]
-        assert type(states[0]) is DecoderState and type(states[1]) is PackedDecoderState
+        assert _cache_type(states[0]) is SelfAttentionCache and _cache_type(states[1]) is PackedSelfAttentionCache
         n_sent, rows = len(lengths), len(lengths)  # the first step runs one row per sentence
         tokens = torch.full((rows,), BOS_ID)
         for step in range(20):  # past the cache's capacities 8, 12 and 18
@@ -86,14 +90,14 @@ def test_the_stock_step_runs_wherever_the_packed_one_does_not_apply():
     _, fast = _models(seed=8)
     src = _batch([4, 6], VOCAB, seed=9)
     with torch.no_grad():
-        assert type(fast.init_decoder_state(fast.encode(src))) is PackedDecoderState
-    assert type(fast.init_decoder_state(fast.encode(src))) is DecoderState  # autograd on
+        assert _cache_type(fast.init_decoder_state(fast.encode(src))) is PackedSelfAttentionCache
+    assert _cache_type(fast.init_decoder_state(fast.encode(src))) is SelfAttentionCache  # autograd on
     with torch.no_grad():
         fast.train()
-        assert type(fast.init_decoder_state(fast.encode(src))) is DecoderState
+        assert _cache_type(fast.init_decoder_state(fast.encode(src))) is SelfAttentionCache
         fast.eval()
         half = copy.deepcopy(fast).to(torch.bfloat16)
-        assert type(half.init_decoder_state(half.encode(src))) is DecoderState
+        assert _cache_type(half.init_decoder_state(half.encode(src))) is SelfAttentionCache
         logits = half.decode_step(torch.full((2,), BOS_ID), half.init_decoder_state(half.encode(src)))
         assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
 
@@ -109,10 +113,9 @@ def test_packed_state_holds_every_step_once_per_row_after_reorders():
             for m, s in zip((stock, fast), states):
                 m.decode_step(tokens, s)
                 s.reorder(torch.tensor(parents))
-        packed = states[1]
-        for layer, cache in enumerate(states[0].caches):
-            k = packed.kv[layer][0, : packed.rows, :, : packed.length]
-            v = packed.kv[layer][1, : packed.rows, :, : packed.length]
+        for cache, packed in zip(*(s.caches for s in states)):
+            k = packed.kv[0, : packed.rows, :, : packed.length]
+            v = packed.kv[1, : packed.rows, :, : packed.length]
             torch.testing.assert_close(k, cache.k[: cache.rows, :, : cache.length])
             torch.testing.assert_close(v, cache.v[: cache.rows, :, : cache.length])
 
@@ -127,4 +130,4 @@ def test_sampling_and_scoring_paths_accept_the_packed_state():
         for _ in range(15):
             logits = fast.decode_step(tokens, state)
             tokens = F.log_softmax(logits, -1).argmax(-1)
-        assert state.length == 15 and all(kv.size(3) >= 15 for kv in state.kv)
+        assert all(cache.length == 15 and cache.kv.size(3) >= 15 for cache in state.caches)

@@ -116,7 +116,7 @@ def test_tiny_model_overfits_a_handful_of_pairs():
 def test_attention_by_products_equals_sdpa_with_a_padding_mask():
     """The encoder-decoder attention of CPU fp32 inference (beam queries grouped per sentence)
     gives SDPA's result, padded source positions masked."""
-    from nmt.ops.attention import attention_by_products
+    from nmt.ops.product_attention import attention_by_products
 
     torch.manual_seed(0)
     q, k, v = torch.randn(3, 4, 6, 8), torch.randn(3, 4, 9, 8), torch.randn(3, 4, 9, 8)

@@ -7,10 +7,15 @@ encoder-decoder attention the keys and values of the source, computed once.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional, Protocol
 
 import torch
 from torch import Tensor
+
+
+def grown_capacity(capacity: int) -> int:
+    """A full cache's next capacity: half as large again (8 steps for the first)."""
+    return (3 * capacity + 1) // 2 if capacity else 8
 
 
 class SelfAttentionCache:
@@ -40,7 +45,7 @@ class SelfAttentionCache:
         """Add k, v (rows, h, T, d_head) after the cached steps; return views of all steps."""
         end = self.length + k.size(2)
         if self.k is None or end > self.k.size(2):
-            self._grow(k, max(end, (3 * self.k.size(2) + 1) // 2 if self.k is not None else 8))
+            self._grow(k, max(end, grown_capacity(self.k.size(2) if self.k is not None else 0)))
         n = k.size(0)
         self.k[:n, :, self.length : end] = k
         self.v[:n, :, self.length : end] = v
@@ -73,16 +78,23 @@ class SelfAttentionCache:
         return spare
 
 
+class Cache(Protocol):
+    """A layer's self-attention cache: `SelfAttentionCache`, or a device's own layout of it."""
+
+    def reorder(self, rows: Tensor, spare: Optional[Tensor]) -> Optional[Tensor]: ...
+
+
 class DecoderState:
     """What incremental decoding carries between steps: per-layer self-attention caches,
     the encoder-decoder keys/values and source mask (computed once, one entry per sentence,
     shared by the sentence's `beam` adjacent rows) and the step."""
 
-    def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], memory_mask: Optional[Tensor], beam: int = 1):
+    def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], memory_mask: Optional[Tensor], beam: int = 1,
+                 cache: Callable[[], Cache] = SelfAttentionCache):
         self.memory_kv = memory_kv
         self.memory_mask = memory_mask
         self.beam = beam
-        self.caches = [SelfAttentionCache() for _ in memory_kv]
+        self.caches = [cache() for _ in memory_kv]
         self.spare: Optional[Tensor] = None
         """The buffer each cache's `reorder` gathers into, passed from cache to cache."""
         self.step = 0

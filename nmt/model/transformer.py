@@ -18,14 +18,14 @@ Only stock ops appear here (`nn.Linear`, `nn.LayerNorm`, `nn.Dropout`,
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.model.config import TransformerConfig
-from nmt.model.incremental import DecoderState, SelfAttentionCache
+from nmt.model.incremental import Cache, DecoderState, SelfAttentionCache
 
 
 def sinusoidal_positions(n_positions: int, d_model: int, layout: str = "interleaved") -> Tensor:
@@ -316,13 +316,15 @@ class Transformer(nn.Module):
         return hidden if return_hidden else self.project(hidden)
 
     # -- incremental decoding (beam search) ---------------------------------------------
-    def init_decoder_state(self, enc: EncoderOut, beam: int = 1) -> DecoderState:
+    def init_decoder_state(self, enc: EncoderOut, beam: int = 1,
+                           cache: Callable[[], Cache] = SelfAttentionCache) -> DecoderState:
         """Encoder-decoder keys/values of every layer, computed once for the whole search;
-        decoding then runs `beam` rows per sentence. Each is made contiguous once here: as
-        views into the projection's output, a batched product over them (CPU inference's
-        `nmt.ops.attention.attention_by_products`) would copy them at every step."""
+        decoding then runs `beam` rows per sentence, each layer's self-attention keys and
+        values in a `cache` (a device's step may keep them its own way). Each is made
+        contiguous once here: as views into the projection's output, a batched product over
+        them (CPU inference's `nmt.ops.product_attention`) would copy them at every step."""
         memory_kv = [tuple(t.contiguous() for t in layer.cross_attn.project_kv(enc.states)) for layer in self.decoder_layers]
-        return DecoderState(memory_kv, enc.attn_mask, beam)
+        return DecoderState(memory_kv, enc.attn_mask, beam, cache)
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """Feed one token per row (sentences x beam,), return next-token logits (rows,

@@ -8,7 +8,7 @@ in place: the classes change, the parameters and checkpoint keys do not.
 | --- | --- | --- | --- |
 | CPU | `attention.CpuMultiHeadAttention` | `F.scaled_dot_product_attention` | bf16 attention backward 3-5x slower than fp32 |
 | CPU | `attention.CpuTransformer` | the source mask | no mask when a batch has no padding: faster kernel |
-| CPU | `cpu_decoder_step` (via `CpuTransformer`) | `Transformer.decode_step_hidden`, `DecoderState` (inference, fp32) | fewer operations per beam search step, one cache gather per layer |
+| CPU | `cpu_decoder_step` (via `CpuTransformer`) | `Transformer.decode_step_hidden`, `SelfAttentionCache` (inference, fp32) | fewer operations per beam search step, one cache gather per layer |
 | CPU | `dropout.CpuDropout` | `nn.Dropout` | masks from 16 random bits, not a double, per element |
 | CPU | `feed_forward.CpuFeedForward` | ReLU + dropout | one byte mask for both; padded bf16 rows kept once |
 | CPU | `bucketed_linear.BucketedLinear` | `nn.Linear` | bf16 training rows padded: oneDNN builds kernels once |

@@ -15,10 +15,11 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from nmt.model.incremental import DecoderState
+from nmt.model.incremental import DecoderState, SelfAttentionCache
 from nmt.model.transformer import EncoderOut, MultiHeadAttention, Transformer
-from nmt.ops.cpu_decoder_step import PackedDecoderState, init_packed_state, packed_decode_step_hidden
+from nmt.ops.cpu_decoder_step import PackedSelfAttentionCache, packed_decode_step_hidden
 from nmt.ops.onednn_linear import onednn_linear, takes_onednn
+from nmt.ops.product_attention import attention_by_products
 
 
 def cpu_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0,
@@ -93,23 +94,6 @@ def gpu_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] =
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
 
 
-def attention_by_products(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None) -> Tensor:
-    """softmax(QK^T / sqrt(d_k)) V as two batched matrix products, `attn_mask` (True where
-    attention is allowed) applied to the scores: `F.scaled_dot_product_attention` without dropout.
-
-    For the encoder-decoder attention of a beam search step (a sentence's `beam` queries
-    against its S source keys, no gradient), PyTorch's CPU flash-attention kernel cost more than
-    these two products: on a Zen 4 (one thread, torch 2.13), 150 sentences, beam 4, S 10 / 20 /
-    40, the products ran 1.19 / 1.42 / 1.62x as fast at d_model 128 and 1.10 / 1.39 / 1.06x at
-    256 (`make bench-decoder-ops`, bench/results/2026-12-03_0970d33_zen4_bench-decoder-ops.json).
-    The decoder's self-attention, one query per row against the cache, showed no steady gain
-    (the kernel won below about 12 cached steps), and keeps the kernel."""
-    scores = torch.matmul(q, k.transpose(-2, -1)).mul_(q.size(-1) ** -0.5)
-    if attn_mask is not None:
-        scores.masked_fill_(~attn_mask, float("-inf"))
-    return torch.matmul(scores.softmax(-1), v)
-
-
 class CpuMultiHeadAttention(MultiHeadAttention):
     """MultiHeadAttention whose attention is `cpu_attention` (same parameters); in fp32
     inference its encoder-decoder attention is `attention_by_products`."""
@@ -145,15 +129,14 @@ class CpuTransformer(Transformer):
             return super().source_mask(src_tokens)
         return None
 
-    def init_decoder_state(self, enc: EncoderOut, beam: int = 1) -> DecoderState | PackedDecoderState:
-        weights_fp32 = self.output_weight.dtype == torch.float32 and enc.states.dtype == torch.float32
-        if (weights_fp32 and not self.training and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
-                and not torch.compiler.is_compiling()):
-            return init_packed_state(self, enc, beam)
-        return super().init_decoder_state(enc, beam)
+    def init_decoder_state(self, enc: EncoderOut, beam: int = 1) -> DecoderState:
+        """fp32 inference (no autograd, autocast or compiler) decodes with the packed step's caches."""
+        packed = (self.output_weight.dtype == torch.float32 and enc.states.dtype == torch.float32 and not self.training
+                  and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
+        return super().init_decoder_state(enc, beam, PackedSelfAttentionCache if packed else SelfAttentionCache)
 
-    def decode_step_hidden(self, tokens: Tensor, state: DecoderState | PackedDecoderState) -> Tensor:
-        if isinstance(state, PackedDecoderState):
+    def decode_step_hidden(self, tokens: Tensor, state: DecoderState) -> Tensor:
+        if isinstance(state.caches[0], PackedSelfAttentionCache):
             return packed_decode_step_hidden(self, tokens, state)
         return super().decode_step_hidden(tokens, state)
 
