@@ -398,7 +398,7 @@ def test_recipe_settings_come_from_the_environment_with_the_defaults_type():
 
 
 @pytest.mark.parametrize("flags, rule, samples, smoothing, average, intervals",
-                         [("avx512_bf16, amx_bf16", "amx", 20, 0.1, 5, 15), ("avx512_bf16", "avx512-bf16", 0, 0.2, 7, 30)])
+                         [("avx512_bf16, amx_bf16", "amx", 30, 0.1, 5, 15), ("avx512_bf16", "avx512-bf16", 0, 0.2, 7, 30)])
 def test_multi30k_subword_sampling_is_chosen_by_the_kind_of_bf16_cpu(monkeypatch, flags: str, rule: str, samples: int,
                                                                      smoothing: float, average: int, intervals: int):
     """AMX CPUs (30+ epochs in the budget) get source-side subword sampling and average the last
