@@ -91,6 +91,11 @@ def test_the_stock_step_runs_wherever_the_packed_one_does_not_apply():
     src = _batch([4, 6], VOCAB, seed=9)
     with torch.no_grad():
         assert _cache_type(fast.init_decoder_state(fast.encode(src))) is PackedSelfAttentionCache
+        # a cache asked for is the one used, and the step follows it
+        state = fast.init_decoder_state(fast.encode(src), cache=SelfAttentionCache)
+        assert _cache_type(state) is SelfAttentionCache
+        fast.decode_step(torch.full((2,), 2, dtype=torch.long), state)
+        assert state.caches[0].length == 1
     assert _cache_type(fast.init_decoder_state(fast.encode(src))) is SelfAttentionCache  # autograd on
     with torch.no_grad():
         fast.train()

@@ -317,14 +317,15 @@ class Transformer(nn.Module):
 
     # -- incremental decoding (beam search) ---------------------------------------------
     def init_decoder_state(self, enc: EncoderOut, beam: int = 1,
-                           cache: Callable[[], Cache] = SelfAttentionCache) -> DecoderState:
+                           cache: Optional[Callable[[], Cache]] = None) -> DecoderState:
         """Encoder-decoder keys/values of every layer, computed once for the whole search;
         decoding then runs `beam` rows per sentence, each layer's self-attention keys and
-        values in a `cache` (a device's step may keep them its own way). Each is made
+        values in a `cache` (None: the model's choice, `SelfAttentionCache` here; a device's step
+        may keep them its own way). Each is made
         contiguous once here: as views into the projection's output, a batched product over
         them (CPU inference's `nmt.ops.product_attention`) would copy them at every step."""
         memory_kv = [tuple(t.contiguous() for t in layer.cross_attn.project_kv(enc.states)) for layer in self.decoder_layers]
-        return DecoderState(memory_kv, enc.attn_mask, beam, cache)
+        return DecoderState(memory_kv, enc.attn_mask, beam, cache or SelfAttentionCache)
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """Feed one token per row (sentences x beam,), return next-token logits (rows,

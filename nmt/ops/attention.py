@@ -8,14 +8,14 @@ tests/test_model.py and tests/test_gemm_rows.py check each against the stock op.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, NamedTuple, Optional
+from typing import Callable, Iterator, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from nmt.model.incremental import DecoderState, SelfAttentionCache
+from nmt.model.incremental import Cache, DecoderState, SelfAttentionCache
 from nmt.model.transformer import EncoderOut, MultiHeadAttention, Transformer
 from nmt.ops.cpu_decoder_step import PackedSelfAttentionCache, packed_decode_step_hidden
 from nmt.ops.onednn_linear import onednn_linear, takes_onednn
@@ -129,14 +129,18 @@ class CpuTransformer(Transformer):
             return super().source_mask(src_tokens)
         return None
 
-    def init_decoder_state(self, enc: EncoderOut, beam: int = 1) -> DecoderState:
-        """fp32 inference (no autograd, autocast or compiler) decodes with the packed step's caches."""
+    def init_decoder_state(self, enc: EncoderOut, beam: int = 1,
+                           cache: Optional[Callable[[], Cache]] = None) -> DecoderState:
+        """Without a `cache` given, fp32 inference (no autograd, autocast or compiler) decodes
+        with the packed step's caches, anything else with the stock ones."""
+        if cache is not None:
+            return super().init_decoder_state(enc, beam, cache)
         packed = (self.output_weight.dtype == torch.float32 and enc.states.dtype == torch.float32 and not self.training
                   and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
         return super().init_decoder_state(enc, beam, PackedSelfAttentionCache if packed else SelfAttentionCache)
 
     def decode_step_hidden(self, tokens: Tensor, state: DecoderState) -> Tensor:
-        if isinstance(state.caches[0], PackedSelfAttentionCache):
+        if state.caches and isinstance(state.caches[0], PackedSelfAttentionCache):
             return packed_decode_step_hidden(self, tokens, state)
         return super().decode_step_hidden(tokens, state)
 
