@@ -325,7 +325,7 @@ class Transformer(nn.Module):
         contiguous once here: as views into the projection's output, a batched product over
         them (CPU inference's `nmt.ops.product_attention`) would copy them at every step."""
         memory_kv = [tuple(t.contiguous() for t in layer.cross_attn.project_kv(enc.states)) for layer in self.decoder_layers]
-        return DecoderState(memory_kv, enc.attn_mask, beam, cache or SelfAttentionCache)
+        return DecoderState(memory_kv, enc.attn_mask, beam, SelfAttentionCache if cache is None else cache)
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """Feed one token per row (sentences x beam,), return next-token logits (rows,

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from nmt.model.incremental import Cache, DecoderState, SelfAttentionCache
+from nmt.model.incremental import Cache, DecoderState
 from nmt.model.transformer import EncoderOut, MultiHeadAttention, Transformer
 from nmt.ops.cpu_decoder_step import PackedSelfAttentionCache, packed_decode_step_hidden
 from nmt.ops.onednn_linear import onednn_linear, takes_onednn
@@ -133,11 +133,11 @@ class CpuTransformer(Transformer):
                            cache: Optional[Callable[[], Cache]] = None) -> DecoderState:
         """Without a `cache` given, fp32 inference (no autograd, autocast or compiler) decodes
         with the packed step's caches, anything else with the stock ones."""
-        if cache is not None:
-            return super().init_decoder_state(enc, beam, cache)
-        packed = (self.output_weight.dtype == torch.float32 and enc.states.dtype == torch.float32 and not self.training
-                  and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
-        return super().init_decoder_state(enc, beam, PackedSelfAttentionCache if packed else SelfAttentionCache)
+        if cache is None and (self.output_weight.dtype == torch.float32 and enc.states.dtype == torch.float32
+                              and not self.training and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+                              and not torch.compiler.is_compiling()):
+            cache = PackedSelfAttentionCache
+        return super().init_decoder_state(enc, beam, cache)
 
     def decode_step_hidden(self, tokens: Tensor, state: DecoderState) -> Tensor:
         if state.caches and isinstance(state.caches[0], PackedSelfAttentionCache):
