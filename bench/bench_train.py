@@ -144,7 +144,7 @@ def measure(run_dir: Path, arch: str, amp: str, updates: int, max_tokens: int, t
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", type=Path, default=None,
-                    help="Preprocessed data (default bench/results/multi30k-run or newstest-VOCAB-run, made once)")
+                    help="Preprocessed data (default runs/bench-multi30k or runs/bench-newstest-VOCAB, made once; runs/ is git-ignored)")
     ap.add_argument("--data", choices=["multi30k", "newstest"], default="multi30k")
     ap.add_argument("--multi30k", type=Path, default=DEFAULT_MULTI30K)
     ap.add_argument("--wmt14", type=Path, default=DEFAULT_WMT14)
@@ -160,7 +160,7 @@ def main() -> None:
     ap.add_argument("--compiled", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     vocab_size = args.vocab_size or (32000 if args.data == "newstest" else 8000)
-    run_dir = args.run_dir or REPO / "bench" / "results" / ("multi30k-run" if args.data == "multi30k" else f"newstest-{vocab_size}-run")
+    run_dir = args.run_dir or REPO / "runs" / ("bench-multi30k" if args.data == "multi30k" else f"bench-newstest-{vocab_size}")
     if args.one:
         print(json.dumps(measure(run_dir, args.arch, args.one, args.updates, args.max_tokens, args.threads, args.device,
                                  args.compiled)))

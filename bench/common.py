@@ -103,6 +103,16 @@ def machine() -> tuple[str, str]:
     return "machine-unknown", description
 
 
+def unused_path(path: Path) -> Path:
+    """`path`, or the first of path-2, path-3, ... (before the suffix) that does not exist yet:
+    a second run of a bench on the same day and commit (another --max-tokens, a repeat) gets
+    its own file instead of replacing the first one's."""
+    candidate, n = path, 2
+    while candidate.exists():
+        candidate, n = path.with_name(f"{path.stem}-{n}{path.suffix}"), n + 1
+    return candidate
+
+
 def write_result(name: str, result: dict) -> Path:
     """bench/results/DATE_COMMIT_MACHINE_bench-NAME.json, with date, commit, machine and command
     in it: one file per row of bench/RESULTS.md, never overwriting an earlier measurement."""
@@ -113,7 +123,7 @@ def write_result(name: str, result: dict) -> Path:
     record = {"date": date, "commit": commit + ("+changes" if dirty else ""), "machine": description,
               "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), **result}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{date}_{commit}_{slug}_bench-{name}.json"
+    path = unused_path(RESULTS / f"{date}_{commit}_{slug}_bench-{name}.json")
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {path.relative_to(REPO)}", file=sys.stderr)
     return path
