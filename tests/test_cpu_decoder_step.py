@@ -1,5 +1,7 @@
-"""fp32 CPU inference decodes with the packed step (nmt.ops.cpu_decoder_step): the stock step's
-numbers at every step, the stock model's translations, and the stock step wherever it does not apply."""
+"""fp32 CPU inference decodes with the packed step (nmt.ops.cpu_decoder_step), over packed caches
+or, where its C++ loop builds, over caches read through ancestor tables (nmt.ops.ancestor_attention):
+the stock step's numbers at every step, the stock model's translations, and the stock step wherever
+it does not apply."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from nmt.model.config import build_config
 from nmt.model.incremental import SelfAttentionCache
 from nmt.model.transformer import Transformer
 from nmt.ops import optimize_for
+from nmt.ops.ancestor_attention import DISABLE_ENV, AncestorSelfAttentionCache, native_module
 from nmt.ops.cpu_decoder_step import PackedSelfAttentionCache
 from test_beam_search import _batch  # tests/ is on pytest's path
 
@@ -33,6 +36,18 @@ def _cache_type(state) -> type:
     return type(state.caches[0])
 
 
+@pytest.fixture(params=["packed", "ancestor"])
+def fast_cache(request, monkeypatch) -> type:
+    """The cache fp32 CPU inference decodes with: the packed one (NMT_NATIVE_ATTENTION=0, or no
+    compiler), or the C++ loop's where it builds."""
+    if request.param == "packed":
+        monkeypatch.setenv(DISABLE_ENV, "0")
+        return PackedSelfAttentionCache
+    if native_module() is None:
+        pytest.skip("the C++ decoder attention cannot be built here (no C++ compiler or ninja)")
+    return AncestorSelfAttentionCache
+
+
 def _models(seed: int, **kw) -> tuple[Transformer, Transformer]:
     """(stock, optimized for CPU inference): the same weights."""
     torch.manual_seed(seed)
@@ -45,17 +60,17 @@ def _models(seed: int, **kw) -> tuple[Transformer, Transformer]:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("lengths", [[5, 9, 3], [6, 6, 6]], ids=["padded", "no padding"])
-def test_packed_step_gives_the_stock_logits_through_reorders_growth_and_sentences_leaving(variant, lengths):
+def test_packed_step_gives_the_stock_logits_through_reorders_growth_and_sentences_leaving(variant, lengths, fast_cache):
     stock, fast = _models(seed=3, **VARIANTS[variant])
     src = _batch(lengths, VOCAB, seed=4)
     g = torch.Generator().manual_seed(5)
     beam = 3
     with torch.inference_mode():
         states = [m.init_decoder_state(m.encode(src), beam=beam) for m in (stock, fast)]
-        assert _cache_type(states[0]) is SelfAttentionCache and _cache_type(states[1]) is PackedSelfAttentionCache
+        assert _cache_type(states[0]) is SelfAttentionCache and _cache_type(states[1]) is fast_cache
         n_sent, rows = len(lengths), len(lengths)  # the first step runs one row per sentence
         tokens = torch.full((rows,), BOS_ID)
-        for step in range(20):  # past the cache's capacities 8, 12 and 18
+        for step in range(20):  # past the cache's capacities 8, 12 and 18, and an ancestor cache's compaction
             want, got = (m.decode_step(tokens, s) for m, s in zip((stock, fast), states))
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
             sentences = None
@@ -73,7 +88,7 @@ def test_packed_step_gives_the_stock_logits_through_reorders_growth_and_sentence
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("search", [dict(), dict(beam_style="fairseq", lenpen_style="avg", nbest=2),
                                     dict(beam_style="shrink", beam=3)], ids=["t2t", "fairseq n-best", "shrink"])
-def test_searches_with_the_packed_step_find_the_stock_model_s_translations(variant, search):
+def test_searches_with_the_packed_step_find_the_stock_model_s_translations(variant, search, fast_cache):
     stock, fast = _models(seed=6, **VARIANTS[variant])
     src = _batch([7, 4, 9, 2, 5], VOCAB, seed=7)
     cfg = SearchConfig(**{"beam": 4, "max_len_b": 12, **search})
@@ -84,13 +99,13 @@ def test_searches_with_the_packed_step_find_the_stock_model_s_translations(varia
         assert [h.score for hyps in got for h in hyps] == pytest.approx([h.score for hyps in want for h in hyps], abs=1e-4)
 
 
-def test_the_stock_step_runs_wherever_the_packed_one_does_not_apply():
+def test_the_stock_step_runs_wherever_the_packed_one_does_not_apply(fast_cache):
     """Autograd (scoring with gradients, training), bf16 weights and a model in training mode keep
     the stock state and step; fp32 inference takes the packed one."""
     _, fast = _models(seed=8)
     src = _batch([4, 6], VOCAB, seed=9)
     with torch.no_grad():
-        assert _cache_type(fast.init_decoder_state(fast.encode(src))) is PackedSelfAttentionCache
+        assert _cache_type(fast.init_decoder_state(fast.encode(src))) is fast_cache
         # a cache asked for is the one used, and the step follows it
         state = fast.init_decoder_state(fast.encode(src), cache=SelfAttentionCache)
         assert _cache_type(state) is SelfAttentionCache
@@ -107,9 +122,9 @@ def test_the_stock_step_runs_wherever_the_packed_one_does_not_apply():
         assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
 
 
-def test_packed_state_holds_every_step_once_per_row_after_reorders():
+def test_packed_state_holds_every_step_once_per_row_after_reorders(fast_cache):
     """The cache holds exactly the keys the stock caches hold, layer by layer, after a reorder
-    that repeats and drops rows."""
+    that repeats and drops rows (an ancestor cache: read through its table)."""
     stock, fast = _models(seed=10)
     src = _batch([5, 3], VOCAB, seed=11)
     with torch.inference_mode():
@@ -119,13 +134,18 @@ def test_packed_state_holds_every_step_once_per_row_after_reorders():
                 m.decode_step(tokens, s)
                 s.reorder(torch.tensor(parents))
         for cache, packed in zip(*(s.caches for s in states)):
-            k = packed.kv[0, : packed.rows, :, : packed.length]
-            v = packed.kv[1, : packed.rows, :, : packed.length]
+            if fast_cache is AncestorSelfAttentionCache:  # kv[s, anc[r, s]] (steps, rows, 2, h, d_head)
+                steps = torch.arange(packed.length)[None, :]
+                kv = packed.kv[steps, packed.anc[: packed.rows, : packed.length].long()]  # (rows, steps, 2, h, d_head)
+                k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+            else:
+                k = packed.kv[0, : packed.rows, :, : packed.length]
+                v = packed.kv[1, : packed.rows, :, : packed.length]
             torch.testing.assert_close(k, cache.k[: cache.rows, :, : cache.length])
             torch.testing.assert_close(v, cache.v[: cache.rows, :, : cache.length])
 
 
-def test_sampling_and_scoring_paths_accept_the_packed_state():
+def test_sampling_and_scoring_paths_accept_the_packed_state(fast_cache):
     """Sampling calls decode_step without reorders: the cache grows on its own."""
     _, fast = _models(seed=12)
     src = _batch([4, 8, 6], VOCAB, seed=13)
@@ -135,4 +155,5 @@ def test_sampling_and_scoring_paths_accept_the_packed_state():
         for _ in range(15):
             logits = fast.decode_step(tokens, state)
             tokens = F.log_softmax(logits, -1).argmax(-1)
-        assert all(cache.length == 15 and cache.kv.size(3) >= 15 for cache in state.caches)
+        capacity = 0 if fast_cache is AncestorSelfAttentionCache else 3
+        assert all(cache.length == 15 and cache.kv.size(capacity) >= 15 for cache in state.caches)

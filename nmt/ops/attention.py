@@ -17,6 +17,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nmt.model.incremental import Cache, DecoderState
 from nmt.model.transformer import EncoderOut, MultiHeadAttention, Transformer
+from nmt.ops.ancestor_attention import AncestorSelfAttentionCache, native_module
 from nmt.ops.cpu_decoder_step import PackedSelfAttentionCache, packed_decode_step_hidden
 from nmt.ops.onednn_linear import onednn_linear, takes_onednn
 from nmt.ops.product_attention import attention_by_products
@@ -132,15 +133,17 @@ class CpuTransformer(Transformer):
     def init_decoder_state(self, enc: EncoderOut, beam: int = 1,
                            cache: Optional[Callable[[], Cache]] = None) -> DecoderState:
         """Without a `cache` given, fp32 inference (no autograd, autocast or compiler) decodes
-        with the packed step's caches, anything else with the stock ones."""
+        with the packed step, over caches read through ancestor tables by the C++ loop where it
+        is built (`nmt.ops.ancestor_attention`), else over its packed caches; anything else with
+        the stock ones."""
         if cache is None and (self.output_weight.dtype == torch.float32 and enc.states.dtype == torch.float32
                               and not self.training and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
                               and not torch.compiler.is_compiling()):
-            cache = PackedSelfAttentionCache
+            cache = AncestorSelfAttentionCache if native_module() is not None else PackedSelfAttentionCache
         return super().init_decoder_state(enc, beam, cache)
 
     def decode_step_hidden(self, tokens: Tensor, state: DecoderState) -> Tensor:
-        if state.caches and isinstance(state.caches[0], PackedSelfAttentionCache):
+        if state.caches and isinstance(state.caches[0], (PackedSelfAttentionCache, AncestorSelfAttentionCache)):
             return packed_decode_step_hidden(self, tokens, state)
         return super().decode_step_hidden(tokens, state)
 

@@ -23,7 +23,7 @@ model's. `nmt.ops.attention.CpuTransformer` uses it for fp32 inference without a
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,7 @@ from torch import Tensor
 
 from nmt.model.incremental import DecoderState, grown_capacity
 from nmt.model.transformer import ACTIVATIONS, FeedForward, MultiHeadAttention, Residual, Transformer
+from nmt.ops.ancestor_attention import AncestorSelfAttentionCache
 from nmt.ops.product_attention import attention_by_products
 
 
@@ -86,7 +87,8 @@ class PackedSelfAttentionCache:
 
 
 def packed_decode_step_hidden(model: Transformer, tokens: Tensor, state: DecoderState) -> Tensor:
-    """`Transformer.decode_step_hidden` for a state of `PackedSelfAttentionCache`s: feed one
+    """`Transformer.decode_step_hidden` for a state of `PackedSelfAttentionCache`s (or of
+    `nmt.ops.ancestor_attention.AncestorSelfAttentionCache`s, where the C++ loop is built): feed one
     token per row, return the decoder states (rows, d_model) and advance `state`."""
     cfg = model.cfg
     # Dropout(sqrt(d_model) * E[tokens] + PE[step]), dropout off (3.4, 3.5)
@@ -114,7 +116,8 @@ def _layer_norm(norm: torch.nn.LayerNorm, x: Tensor) -> Tensor:
     return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
 
-def _self_attention(x: Tensor, attn: MultiHeadAttention, cache: PackedSelfAttentionCache) -> Tensor:
+def _self_attention(x: Tensor, attn: MultiHeadAttention,
+                    cache: Union[PackedSelfAttentionCache, AncestorSelfAttentionCache]) -> Tensor:
     """Masked self-attention of one new position over the cached ones (3.2.3), x (rows, d_model).
 
     With one query per row and head, PyTorch's flash-attention kernel is the faster way over a
@@ -126,6 +129,9 @@ def _self_attention(x: Tensor, attn: MultiHeadAttention, cache: PackedSelfAttent
     n, d_model = x.shape
     heads, d_head = attn.n_heads, attn.d_head
     qkv = attn.qkv_proj.forward(x)  # (rows, 3 d_model): Q | K | V
+    if isinstance(cache, AncestorSelfAttentionCache):  # the C++ loop over the unreordered cache
+        out = cache.attend(qkv[:, :d_model].view(n, heads, d_head), qkv[:, d_model:].view(n, 2, heads, d_head))
+        return attn.out_proj.forward(out.view(n, d_model))
     k, v = cache.append(qkv[:, d_model:].view(n, 2, heads, d_head))  # (rows, h, steps, d_head)
     q = qkv[:, :d_model].view(n, heads, 1, d_head)
     if k.size(2) * d_head < 400:

@@ -1,0 +1,88 @@
+"""The C++ decoder self-attention over unreordered caches (nmt.ops.ancestor_attention) against the
+stock op it replaces: scaled dot-product attention over the keys gathered into row order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt.ops import ancestor_attention as aa
+from nmt.ops.cpu_decoder_step import PackedSelfAttentionCache
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture
+def built():
+    if aa.native_module() is None:
+        pytest.skip("the C++ decoder attention cannot be built here (no C++ compiler or ninja)")
+
+
+@pytest.mark.parametrize("heads, d_head", [(4, 32), (2, 64), (3, 5)])
+@pytest.mark.parametrize("steps", [1, 7, 23])
+def test_the_loop_equals_sdpa_over_the_keys_its_ancestor_table_names(built, heads, d_head, steps):
+    g = torch.Generator().manual_seed(steps * 100 + d_head)
+    rows, held, capacity = 11, 17, steps + 3
+    kv = torch.randn(capacity, held, 2, heads, d_head, generator=g)
+    anc = torch.randint(0, held, (rows, capacity), generator=g, dtype=torch.int32)
+    q = torch.randn(rows, heads, d_head, generator=g)
+    got = aa.ancestor_attention(q, kv, anc, steps)
+    gathered = kv[torch.arange(steps)[None, :], anc[:, :steps].long()]  # (rows, steps, 2, h, d_head)
+    k, v = (gathered[:, :, i].transpose(1, 2) for i in (0, 1))  # (rows, h, steps, d_head)
+    want = F.scaled_dot_product_attention(q[:, :, None], k, v)[:, :, 0]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_cache_attends_as_a_reordered_one_through_fan_out_growth_rows_leaving_and_compaction(built):
+    """The beam search's pattern: one row per sentence, then k per sentence; sentences leave
+    until fewer than half the rows held are live (the cache compacts); past the capacities."""
+    g = torch.Generator().manual_seed(1)
+    heads, d_head, beam = 2, 8, 3
+    ancestor, packed = aa.AncestorSelfAttentionCache(), PackedSelfAttentionCache()
+    sentences = 6
+    rows = sentences
+    compacted = False
+    for step in range(30):
+        q = torch.randn(rows, heads, d_head, generator=g)
+        kv = torch.randn(rows, 2, heads, d_head, generator=g)
+        k, v = packed.append(kv)
+        want = F.scaled_dot_product_attention(q[:, :, None], k, v)[:, :, 0]
+        torch.testing.assert_close(ancestor.attend(q, kv), want, rtol=1e-5, atol=1e-5)
+        if step in (8, 14, 20) and sentences > 1:
+            sentences -= 2 if sentences > 2 else 1
+        width = rows // max(1, rows // beam) if step else 1
+        parents = [s * width + int(torch.randint(width, (1,), generator=g)) for s in range(sentences) for _ in range(beam)]
+        held = ancestor.kv.size(1)
+        rows = len(parents)
+        packed.reorder(torch.tensor(parents), None)
+        ancestor.reorder(torch.tensor(parents), None)
+        compacted |= ancestor.kv.size(1) < held
+    assert compacted and ancestor.kv.size(1) <= 2 * rows  # never more than twice the live rows once they shrink
+
+
+def test_without_a_compiler_decoding_keeps_the_packed_step_and_says_so_once(monkeypatch, capsys):
+    from torch.utils import cpp_extension
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    monkeypatch.setattr(cpp_extension, "load_inline", no_compiler)
+    monkeypatch.setattr(aa, "_built", {})
+    monkeypatch.delenv(aa.DISABLE_ENV, raising=False)  # conftest sets it where nothing builds
+    assert aa.native_module() is None and aa.native_module() is None
+    err = capsys.readouterr().err
+    assert err.count("could not be built (Ninja is required to load C++ extensions)") == 1
+
+    from test_cpu_decoder_step import _models
+    from test_beam_search import _batch
+
+    _, fast = _models(seed=2)
+    with torch.inference_mode():
+        state = fast.init_decoder_state(fast.encode(_batch([4, 6], 24, seed=3)))
+    assert type(state.caches[0]) is PackedSelfAttentionCache
+
+
+def test_nmt_native_attention_0_keeps_the_packed_step(monkeypatch):
+    monkeypatch.setenv(aa.DISABLE_ENV, "0")
+    assert aa.native_module() is None
