@@ -86,3 +86,20 @@ def test_without_a_compiler_decoding_keeps_the_packed_step_and_says_so_once(monk
 def test_nmt_native_attention_0_keeps_the_packed_step(monkeypatch):
     monkeypatch.setenv(aa.DISABLE_ENV, "0")
     assert aa.native_module() is None
+
+
+@pytest.mark.parametrize("per_sentence", [1, 4])
+@pytest.mark.parametrize("masked", [False, True], ids=["no padding", "padded"])
+def test_the_source_loop_equals_the_encoder_decoder_attention_by_products(built, per_sentence, masked):
+    from nmt.ops.product_attention import attention_by_products
+
+    g = torch.Generator().manual_seed(per_sentence)
+    n_sent, heads, d_head, src_len = 5, 4, 16, 9
+    k, v = (torch.randn(n_sent, heads, src_len, d_head, generator=g) for _ in range(2))
+    q = torch.randn(n_sent * per_sentence, heads, d_head, generator=g)
+    lengths = torch.tensor([9, 3, 1, 7, 9])
+    mask = (torch.arange(src_len)[None, :] < lengths[:, None])[:, None, None, :] if masked else None
+    got = aa.source_attention(q, k, v, mask)
+    by_sentence = q.view(n_sent, per_sentence, heads, d_head).transpose(1, 2)  # (N, h, beam, d_head)
+    want = attention_by_products(by_sentence, k, v, mask).transpose(1, 2).reshape(q.shape)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -10,6 +10,7 @@ in place: the classes change, the parameters and checkpoint keys do not.
 | CPU | `attention.CpuTransformer` | the source mask | no mask when a batch has no padding: faster kernel |
 | CPU | `cpu_decoder_step` (via `CpuTransformer`) | `Transformer.decode_step_hidden`, `SelfAttentionCache` (inference, fp32) | fewer operations per beam search step, one cache gather per layer |
 | CPU | `ancestor_attention.AncestorSelfAttentionCache` (via `cpu_decoder_step`, where its C++ loop builds) | the cache gather and `F.scaled_dot_product_attention` (inference, fp32) | the cache is never reordered: keys read through each row's ancestors, 3-5x faster |
+| CPU | `ancestor_attention.source_attention` (with the cache above) | `product_attention.attention_by_products` (encoder-decoder, inference, fp32) | one pass per row instead of two small batched products and a softmax |
 | CPU | `dropout.CpuDropout` | `nn.Dropout` | masks from 16 random bits, not a double, per element |
 | CPU | `feed_forward.CpuFeedForward` | ReLU + dropout | one byte mask for both; padded bf16 rows kept once |
 | CPU | `bucketed_linear.BucketedLinear` | `nn.Linear` | bf16 training rows padded: oneDNN builds kernels once |

@@ -12,7 +12,8 @@ floats) and the attention reads the keys through it:
     Attention(q, K, V) = softmax(q K_anc^T / sqrt(d_k)) V_anc,   K_anc[s] = K[s, anc[s]]   (3.2.1)
 
 one query per row and head, computed in one pass over the row's keys and values by the C++
-loop below, compiled on first use with PyTorch's extension builder (a C++ compiler and ninja are
+loop below (a second loop does the same for the encoder-decoder attention of the step, each row
+against its sentence's source keys: `source_attention`), compiled on first use with PyTorch's extension builder (a C++ compiler and ninja are
 needed; the build is cached per CPU in PyTorch's extensions folder). Where it cannot be built,
 fp32 inference keeps the packed PyTorch step (`nmt.ops.cpu_decoder_step`) and says so once on
 stderr: the same maths, whose float rounding may differ in the last bits.
@@ -96,9 +97,66 @@ torch::Tensor ancestor_attention(const torch::Tensor& q, const torch::Tensor& kv
   return out;
 }
 
+// The encoder-decoder attention of a step: q (R, H, D), the rows of sentence n being
+// [n R/N, (n+1) R/N); k, v (N, H, S, D); mask (N, S) bool, true where attention is allowed, or empty.
+torch::Tensor source_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& mask) {
+  TORCH_CHECK(q.dtype() == torch::kFloat && k.dtype() == torch::kFloat && v.dtype() == torch::kFloat, "fp32 q, k, v");
+  TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "contiguous q, k, v");
+  const int64_t R = q.size(0), H = q.size(1), D = q.size(2), N = k.size(0), S = k.size(2);
+  TORCH_CHECK(N > 0 && R % N == 0 && k.size(1) == H && k.size(3) == D && v.sizes() == k.sizes(), "shapes");
+  const bool masked = mask.defined() && mask.numel() > 0;
+  TORCH_CHECK(!masked || (mask.dtype() == torch::kBool && mask.is_contiguous() && mask.numel() == N * S), "mask (N, S) bool");
+  const int64_t per_sentence = R / N;
+  auto out = torch::empty_like(q);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  const bool* mp = masked ? mask.data_ptr<bool>() : nullptr;
+  float* op = out.data_ptr<float>();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  at::parallel_for(0, R, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> p(S);
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t n = r / per_sentence;
+      const bool* allowed = mp ? mp + n * S : nullptr;
+      for (int64_t h = 0; h < H; ++h) {
+        const float* qh = qp + (r * H + h) * D;
+        const float* kh = kp + (n * H + h) * S * D;
+        const float* vh = vp + (n * H + h) * S * D;
+        float m = -INFINITY;
+        for (int64_t s = 0; s < S; ++s) {  // q k_s / sqrt(d_k), -inf where masked
+          if (allowed && !allowed[s]) { p[s] = -INFINITY; continue; }
+          const float* ks = kh + s * D;
+          float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t d = 0; d < D; ++d) dot += qh[d] * ks[d];
+          p[s] = dot * scale;
+          m = p[s] > m ? p[s] : m;
+        }
+        float z = 0.f;
+        for (int64_t s = 0; s < S; ++s) {
+          p[s] = std::exp(p[s] - m);  // exp(-inf) = 0 for masked positions
+          z += p[s];
+        }
+        float* o = op + (r * H + h) * D;
+        for (int64_t d = 0; d < D; ++d) o[d] = 0.f;
+        for (int64_t s = 0; s < S; ++s) {
+          if (p[s] == 0.f) continue;
+          const float* vs = vh + s * D;
+          const float w = p[s] / z;
+#pragma omp simd
+          for (int64_t d = 0; d < D; ++d) o[d] += w * vs[d];
+        }
+      }
+    }
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  // without the interpreter lock: nmt's decoder workers (--inter-threads) run it at once
+  // without the interpreter lock: nmt's decoder workers (--inter-threads) run them at once
   m.def("ancestor_attention", &ancestor_attention, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("source_attention", &source_attention, pybind11::call_guard<pybind11::gil_scoped_release>());
 }
 """
 
@@ -156,6 +214,18 @@ def ancestor_attention(q: Tensor, kv: Tensor, anc: Tensor, steps: int) -> Tensor
     if module is None:
         raise RuntimeError("the C++ decoder attention is not built here (nmt.ops.ancestor_attention.native_module)")
     return module.ancestor_attention(q, kv, anc, steps)
+
+
+def source_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
+    """The encoder-decoder attention of a step in one pass (3.2.3): q (rows, h, d_head), a
+    sentence's rows adjacent, against its source keys and values k, v (N, h, S, d_head);
+    `mask` (N, 1, 1, S) True where attention is allowed, or None; (rows, h, d_head).
+    `nmt.ops.product_attention.attention_by_products` computes the same in PyTorch."""
+    module = native_module()
+    if module is None:
+        raise RuntimeError("the C++ decoder attention is not built here (nmt.ops.ancestor_attention.native_module)")
+    flat = torch.empty(0, dtype=torch.bool) if mask is None else mask.reshape(mask.size(0), mask.size(-1)).contiguous()
+    return module.source_attention(q.contiguous(), k, v, flat)
 
 
 class AncestorSelfAttentionCache:

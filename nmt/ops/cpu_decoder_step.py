@@ -31,7 +31,7 @@ from torch import Tensor
 
 from nmt.model.incremental import DecoderState, grown_capacity
 from nmt.model.transformer import ACTIVATIONS, FeedForward, MultiHeadAttention, Residual, Transformer
-from nmt.ops.ancestor_attention import AncestorSelfAttentionCache
+from nmt.ops.ancestor_attention import AncestorSelfAttentionCache, source_attention
 from nmt.ops.product_attention import attention_by_products
 
 
@@ -93,9 +93,10 @@ def packed_decode_step_hidden(model: Transformer, tokens: Tensor, state: Decoder
     cfg = model.cfg
     # Dropout(sqrt(d_model) * E[tokens] + PE[step]), dropout off (3.4, 3.5)
     x = F.embedding(tokens, model.tgt_embed.weight).mul_(model.embed_scale).add_(model.positions[state.step])
+    native = isinstance(state.caches[0], AncestorSelfAttentionCache)  # the C++ loops are built
     for layer, cache, memory_kv in zip(model.decoder_layers, state.caches, state.memory_kv):
         x = _sublayer(layer.self_block, x, _self_attention, layer.self_attn, cache)
-        x = _sublayer(layer.cross_block, x, _cross_attention, layer.cross_attn, memory_kv, state.memory_mask)
+        x = _sublayer(layer.cross_block, x, _cross_attention, layer.cross_attn, memory_kv, state.memory_mask, native)
         x = _sublayer(layer.ffn_block, x, _feed_forward, layer.ffn, cfg.activation)
     if model.decoder_norm is not None:
         x = _layer_norm(model.decoder_norm, x)
@@ -142,11 +143,15 @@ def _self_attention(x: Tensor, attn: MultiHeadAttention,
 
 
 def _cross_attention(x: Tensor, attn: MultiHeadAttention, memory_kv: tuple[Tensor, Tensor],
-                     memory_mask: Optional[Tensor]) -> Tensor:
+                     memory_mask: Optional[Tensor], native: bool = False) -> Tensor:
     """Encoder-decoder attention (3.2.3): a sentence's `beam` rows query its source keys
-    (N, h, S, d_head) together, as the stock `MultiHeadAttention` does."""
+    (N, h, S, d_head) together, as the stock `MultiHeadAttention` does; `native`: in one pass
+    by the C++ loop (`nmt.ops.ancestor_attention.source_attention`)."""
     n, d_model = x.shape
     k, v = memory_kv
+    if native:
+        out = source_attention(attn.q_proj.forward(x).view(n, attn.n_heads, attn.d_head), k, v, memory_mask)
+        return attn.out_proj.forward(out.view(n, d_model))
     n_sent = k.size(0)
     q = attn.q_proj.forward(x).view(n_sent, n // n_sent, attn.n_heads, attn.d_head).transpose(1, 2)  # (N, h, beam, d_head)
     out = attention_by_products(q, k, v, memory_mask)
