@@ -12,7 +12,8 @@ and end on CLOCK_MONOTONIC), so imports, loading and warm-up stay out. Categorie
 first match wins:
 
   matrix products  MKL / oneDNN / OpenBLAS kernels (sgemm, sgemv, packing)
-  attention kernel PyTorch's fused CPU flash attention (its products included)
+  attention kernel PyTorch's fused CPU flash attention, and nmt's C++ decoder attention (the
+                   nmt_ancestor_attention_* library of nmt/ops/ancestor_attention.py), products included
   softmax and exp  softmax, log-softmax and the exponentials inside them
   top-k and max    top-k selection and max reductions
   copies           memmove/memcpy, copy kernels, gathers, index_select, concatenation
@@ -61,6 +62,8 @@ def categorize(symbol: str, dso: str) -> str:
     """The category of one sample, from its symbol and library (see the module docstring)."""
     if "kernel.kallsyms" in dso:
         return KERNEL
+    if "nmt_ancestor_attention" in dso:  # the C++ loops compute their products themselves
+        return "attention kernel"
     for name, pattern in CATEGORIES:
         if re.search(pattern, symbol):
             return name
