@@ -48,16 +48,52 @@ _SOURCE = r"""
 #include <cmath>
 #include <vector>
 
-// q (R, H, D); kv (steps held, rows held, 2, H, D): keys at [s, row, 0], values at [s, row, 1];
+// softmax(q k_s / sqrt(D)) v_s summed over the steps s in [0, T), for one query q of D floats:
+// key(s) and value(s) point at step s's vectors (key(s) == nullptr: s is masked out); p holds T scores.
+template <class Key, class Value>
+inline void attend_one(const float* q, int64_t D, int64_t T, float scale, Key key, Value value, float* p, float* out) {
+  float m = -INFINITY;
+  for (int64_t s = 0; s < T; ++s) {
+    const float* k = key(s);
+    if (k == nullptr) {
+      p[s] = -INFINITY;
+      continue;
+    }
+    float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
+    p[s] = dot * scale;
+    m = p[s] > m ? p[s] : m;
+  }
+  float z = 0.f;
+  for (int64_t s = 0; s < T; ++s) {
+    p[s] = std::exp(p[s] - m);  // 0 where masked
+    z += p[s];
+  }
+  for (int64_t d = 0; d < D; ++d) out[d] = 0.f;
+  for (int64_t s = 0; s < T; ++s) {
+    if (p[s] == 0.f) continue;
+    const float* v = value(s);
+    const float w = p[s] / z;
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) out[d] += w * v[d];
+  }
+}
+
+// q (R, H, D), rows may be strided (a view of the qkv projection).
+static void check_query(const torch::Tensor& q) {
+  TORCH_CHECK(q.dtype() == torch::kFloat && q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2), "fp32 q (R, H, D), heads contiguous");
+}
+
+// Self-attention: kv (steps held, rows held, 2, H, D), keys at [s, row, 0], values at [s, row, 1];
 // anc (R, capacity) int32, anc[r][s] the row of step s that row r descends from; steps [0, t).
 torch::Tensor ancestor_attention(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& anc, int64_t t) {
-  TORCH_CHECK(q.dtype() == torch::kFloat && kv.dtype() == torch::kFloat && anc.dtype() == torch::kInt, "fp32 q, kv and int32 anc");
-  TORCH_CHECK(q.is_contiguous() && kv.is_contiguous() && anc.stride(1) == 1, "contiguous q, kv and anc rows");
+  check_query(q);
+  TORCH_CHECK(kv.dtype() == torch::kFloat && anc.dtype() == torch::kInt && kv.is_contiguous() && anc.stride(1) == 1, "fp32 kv, int32 anc");
   TORCH_CHECK(t >= 1 && t <= kv.size(0) && t <= anc.size(1) && anc.size(0) == q.size(0), "shapes");
-  const int64_t R = q.size(0), H = q.size(1), D = q.size(2);
-  const int64_t step_stride = kv.stride(0), row_stride = kv.stride(1), value_offset = kv.stride(2);
-  const int64_t anc_stride = anc.stride(0);
-  auto out = torch::empty_like(q);
+  const int64_t R = q.size(0), H = q.size(1), D = q.size(2), q_row = q.stride(0);
+  const int64_t step_stride = kv.stride(0), row_stride = kv.stride(1), value_offset = kv.stride(2), anc_stride = anc.stride(0);
+  auto out = torch::empty({R, H, D}, q.options());
   const float* qp = q.data_ptr<float>();
   const float* kvp = kv.data_ptr<float>();
   const int32_t* ap = anc.data_ptr<int32_t>();
@@ -68,46 +104,28 @@ torch::Tensor ancestor_attention(const torch::Tensor& q, const torch::Tensor& kv
     for (int64_t r = begin; r < end; ++r) {
       const int32_t* a = ap + r * anc_stride;
       for (int64_t h = 0; h < H; ++h) {
-        const float* qh = qp + (r * H + h) * D;
-        float m = -INFINITY;
-        for (int64_t s = 0; s < t; ++s) {  // q k_s / sqrt(d_k)
-          const float* k = kvp + s * step_stride + a[s] * row_stride + h * D;
-          float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t d = 0; d < D; ++d) dot += qh[d] * k[d];
-          p[s] = dot * scale;
-          m = p[s] > m ? p[s] : m;
-        }
-        float z = 0.f;  // softmax over the steps
-        for (int64_t s = 0; s < t; ++s) {
-          p[s] = std::exp(p[s] - m);
-          z += p[s];
-        }
-        float* o = op + (r * H + h) * D;
-        for (int64_t d = 0; d < D; ++d) o[d] = 0.f;
-        for (int64_t s = 0; s < t; ++s) {  // sum_s p_s v_s
-          const float* v = kvp + s * step_stride + a[s] * row_stride + value_offset + h * D;
-          const float w = p[s] / z;
-#pragma omp simd
-          for (int64_t d = 0; d < D; ++d) o[d] += w * v[d];
-        }
+        const float* head = kvp + h * D;
+        attend_one(qp + r * q_row + h * D, D, t, scale,
+                   [&](int64_t s) { return head + s * step_stride + a[s] * row_stride; },
+                   [&](int64_t s) { return head + s * step_stride + a[s] * row_stride + value_offset; },
+                   p.data(), op + (r * H + h) * D);
       }
     }
   });
   return out;
 }
 
-// The encoder-decoder attention of a step: q (R, H, D), the rows of sentence n being
-// [n R/N, (n+1) R/N); k, v (N, H, S, D); mask (N, S) bool, true where attention is allowed, or empty.
+// Encoder-decoder attention: the rows of sentence n are [n R/N, (n+1) R/N); k, v (N, H, S, D);
+// mask (N, S) bool, true where attention is allowed, or empty.
 torch::Tensor source_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& mask) {
-  TORCH_CHECK(q.dtype() == torch::kFloat && k.dtype() == torch::kFloat && v.dtype() == torch::kFloat, "fp32 q, k, v");
-  TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "contiguous q, k, v");
-  const int64_t R = q.size(0), H = q.size(1), D = q.size(2), N = k.size(0), S = k.size(2);
+  check_query(q);
+  TORCH_CHECK(k.dtype() == torch::kFloat && v.dtype() == torch::kFloat && k.is_contiguous() && v.is_contiguous(), "fp32 k, v");
+  const int64_t R = q.size(0), H = q.size(1), D = q.size(2), q_row = q.stride(0), N = k.size(0), S = k.size(2);
   TORCH_CHECK(N > 0 && R % N == 0 && k.size(1) == H && k.size(3) == D && v.sizes() == k.sizes(), "shapes");
-  const bool masked = mask.defined() && mask.numel() > 0;
+  const bool masked = mask.numel() > 0;
   TORCH_CHECK(!masked || (mask.dtype() == torch::kBool && mask.is_contiguous() && mask.numel() == N * S), "mask (N, S) bool");
   const int64_t per_sentence = R / N;
-  auto out = torch::empty_like(q);
+  auto out = torch::empty({R, H, D}, q.options());
   const float* qp = q.data_ptr<float>();
   const float* kp = k.data_ptr<float>();
   const float* vp = v.data_ptr<float>();
@@ -120,33 +138,12 @@ torch::Tensor source_attention(const torch::Tensor& q, const torch::Tensor& k, c
       const int64_t n = r / per_sentence;
       const bool* allowed = mp ? mp + n * S : nullptr;
       for (int64_t h = 0; h < H; ++h) {
-        const float* qh = qp + (r * H + h) * D;
         const float* kh = kp + (n * H + h) * S * D;
         const float* vh = vp + (n * H + h) * S * D;
-        float m = -INFINITY;
-        for (int64_t s = 0; s < S; ++s) {  // q k_s / sqrt(d_k), -inf where masked
-          if (allowed && !allowed[s]) { p[s] = -INFINITY; continue; }
-          const float* ks = kh + s * D;
-          float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t d = 0; d < D; ++d) dot += qh[d] * ks[d];
-          p[s] = dot * scale;
-          m = p[s] > m ? p[s] : m;
-        }
-        float z = 0.f;
-        for (int64_t s = 0; s < S; ++s) {
-          p[s] = std::exp(p[s] - m);  // exp(-inf) = 0 for masked positions
-          z += p[s];
-        }
-        float* o = op + (r * H + h) * D;
-        for (int64_t d = 0; d < D; ++d) o[d] = 0.f;
-        for (int64_t s = 0; s < S; ++s) {
-          if (p[s] == 0.f) continue;
-          const float* vs = vh + s * D;
-          const float w = p[s] / z;
-#pragma omp simd
-          for (int64_t d = 0; d < D; ++d) o[d] += w * vs[d];
-        }
+        attend_one(qp + r * q_row + h * D, D, S, scale,
+                   [&](int64_t s) { return allowed && !allowed[s] ? nullptr : kh + s * D; },
+                   [&](int64_t s) { return vh + s * D; },
+                   p.data(), op + (r * H + h) * D);
       }
     }
   });
@@ -207,25 +204,32 @@ def _already_built(cpp_extension: Any, name: str) -> bool:
         return True
 
 
-def ancestor_attention(q: Tensor, kv: Tensor, anc: Tensor, steps: int) -> Tensor:
-    """Attention of q (rows, h, d_head) over `steps` steps of kv (steps held, rows held, 2, h,
-    d_head), row r reading step s at row anc[r, s] (anc: int32, (rows, capacity)); (rows, h, d_head)."""
-    module = native_module()
+def _loaded() -> Any:
+    """The built module for a decoding step: after the first build a dictionary lookup, not
+    `native_module`'s lock and environment read on every layer of every step."""
+    module = _built.get("module") or native_module()
     if module is None:
         raise RuntimeError("the C++ decoder attention is not built here (nmt.ops.ancestor_attention.native_module)")
-    return module.ancestor_attention(q, kv, anc, steps)
+    return module
+
+
+def ancestor_attention(q: Tensor, kv: Tensor, anc: Tensor, steps: int) -> Tensor:
+    """Attention of q (rows, h, d_head; rows may be strided) over `steps` steps of kv (steps
+    held, rows held, 2, h, d_head), row r reading step s at row anc[r, s] (anc: int32, (rows,
+    capacity)); (rows, h, d_head)."""
+    return _loaded().ancestor_attention(q, kv, anc, steps)
+
+
+_NO_MASK = torch.empty(0, dtype=torch.bool)
 
 
 def source_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
-    """The encoder-decoder attention of a step in one pass (3.2.3): q (rows, h, d_head), a
-    sentence's rows adjacent, against its source keys and values k, v (N, h, S, d_head);
-    `mask` (N, 1, 1, S) True where attention is allowed, or None; (rows, h, d_head).
+    """The encoder-decoder attention of a step in one pass (3.2.3): q (rows, h, d_head; rows
+    may be strided), a sentence's rows adjacent, against its source keys and values k, v (N, h,
+    S, d_head); `mask` (N, 1, 1, S) True where attention is allowed, or None; (rows, h, d_head).
     `nmt.ops.product_attention.attention_by_products` computes the same in PyTorch."""
-    module = native_module()
-    if module is None:
-        raise RuntimeError("the C++ decoder attention is not built here (nmt.ops.ancestor_attention.native_module)")
-    flat = torch.empty(0, dtype=torch.bool) if mask is None else mask.reshape(mask.size(0), mask.size(-1)).contiguous()
-    return module.source_attention(q.contiguous(), k, v, flat)
+    flat = _NO_MASK if mask is None else mask.reshape(mask.size(0), mask.size(-1)).contiguous()
+    return _loaded().source_attention(q, k, v, flat)
 
 
 class AncestorSelfAttentionCache:
@@ -252,12 +256,14 @@ class AncestorSelfAttentionCache:
         if self.kv is None:
             self.kv = kv.new_empty(grown_capacity(0), n, *kv.shape[1:])
             self.anc = torch.empty(n, grown_capacity(0), dtype=torch.int32)
-        elif t == self.kv.size(0) or n > self.kv.size(1):
-            self._grow(max(n, self.kv.size(1)), grown_capacity(self.kv.size(0)) if t == self.kv.size(0) else self.kv.size(0))
+        else:
+            capacity, held = self.kv.shape[:2]
+            if t == capacity or n > held:  # full, or more rows than held (the first step's fan-out)
+                self._grow(max(n, held), grown_capacity(capacity) if t == capacity else capacity)
         self.kv[t, :n] = kv
         self.anc[:n, t] = torch.arange(n, dtype=torch.int32)
         self.rows, self.length = n, t + 1
-        return ancestor_attention(q.contiguous(), self.kv, self.anc[:n], t + 1)
+        return ancestor_attention(q, self.kv, self.anc[:n], t + 1)
 
     def _grow(self, rows: int, capacity: int) -> None:
         kv = self.kv.new_empty(capacity, rows, *self.kv.shape[2:])
