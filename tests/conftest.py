@@ -16,12 +16,12 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Build the C++ decoder attention (nmt.ops.ancestor_attention) before any test runs: on a
+    """Build the C++ decoder kernels (nmt.ops.native) before any test runs: on a
     machine that has none cached yet, the first model load would otherwise build it inside
     some test and print its one line about that into the output the test checks. Where it
     cannot be built (no compiler), said once here, the commands the tests run are told to
     decode with the PyTorch step rather than each try the build and say so again."""
-    from nmt.ops.ancestor_attention import DISABLE_ENV, native_module
+    from nmt.ops.native import DISABLE_ENV, native_module
 
     if native_module() is None:
         os.environ[DISABLE_ENV] = "0"

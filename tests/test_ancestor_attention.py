@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from nmt.ops import ancestor_attention as aa
+from nmt.ops import native
 from nmt.ops.cpu_decoder_step import PackedSelfAttentionCache
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -15,8 +16,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture
 def built():
-    if aa.native_module() is None:
-        pytest.skip("the C++ decoder attention cannot be built here (no C++ compiler or ninja)")
+    if native.native_module() is None:
+        pytest.skip("the C++ decoder kernels cannot be built here (no C++ compiler or ninja)")
 
 
 @pytest.mark.parametrize("heads, d_head", [(4, 32), (2, 64), (3, 5)])
@@ -27,7 +28,7 @@ def test_the_loop_equals_sdpa_over_the_keys_its_ancestor_table_names(built, head
     kv = torch.randn(capacity, held, 2, heads, d_head, generator=g)
     anc = torch.randint(0, held, (rows, capacity), generator=g, dtype=torch.int32)
     q = torch.randn(rows, heads, d_head, generator=g)
-    got = aa.ancestor_attention(q, kv, anc, steps)
+    got = aa.ancestor_attention(q, list(kv.unbind(0)), anc, steps)  # step s: kv[s], (held, 2, h, d_head)
     gathered = kv[torch.arange(steps)[None, :], anc[:, :steps].long()]  # (rows, steps, 2, h, d_head)
     k, v = (gathered[:, :, i].transpose(1, 2) for i in (0, 1))  # (rows, h, steps, d_head)
     want = F.scaled_dot_product_attention(q[:, :, None], k, v)[:, :, 0]
@@ -53,12 +54,12 @@ def test_the_cache_attends_as_a_reordered_one_through_fan_out_growth_rows_leavin
             sentences -= 2 if sentences > 2 else 1
         width = rows // max(1, rows // beam) if step else 1
         parents = [s * width + int(torch.randint(width, (1,), generator=g)) for s in range(sentences) for _ in range(beam)]
-        held = ancestor.kv.size(1)
+        held = ancestor.held
         rows = len(parents)
         packed.reorder(torch.tensor(parents), None)
         ancestor.reorder(torch.tensor(parents), None)
-        compacted |= ancestor.kv.size(1) < held
-    assert compacted and ancestor.kv.size(1) <= 2 * rows  # never more than twice the live rows once they shrink
+        compacted |= ancestor.held < held
+    assert compacted and max(kv.size(0) for kv in ancestor.steps) <= 2 * rows  # never more than twice the live rows once they shrink
 
 
 def test_without_a_compiler_decoding_keeps_the_packed_step_and_says_so_once(monkeypatch, capsys):
@@ -68,9 +69,9 @@ def test_without_a_compiler_decoding_keeps_the_packed_step_and_says_so_once(monk
         raise RuntimeError("Ninja is required to load C++ extensions")
 
     monkeypatch.setattr(cpp_extension, "load_inline", no_compiler)
-    monkeypatch.setattr(aa, "_built", {})
-    monkeypatch.delenv(aa.DISABLE_ENV, raising=False)  # conftest sets it where nothing builds
-    assert aa.native_module() is None and aa.native_module() is None
+    monkeypatch.setattr(native, "_built", {})
+    monkeypatch.delenv(native.DISABLE_ENV, raising=False)  # conftest sets it where nothing builds
+    assert native.native_module() is None and native.native_module() is None
     err = capsys.readouterr().err
     assert err.count("could not be built (Ninja is required to load C++ extensions)") == 1
 
@@ -81,25 +82,29 @@ def test_without_a_compiler_decoding_keeps_the_packed_step_and_says_so_once(monk
     with torch.inference_mode():
         state = fast.init_decoder_state(fast.encode(_batch([4, 6], 24, seed=3)))
     assert type(state.caches[0]) is PackedSelfAttentionCache
+    assert fast.fused_vocabulary_top is None  # the search ranks with its PyTorch operations too
 
 
-def test_nmt_native_attention_0_keeps_the_packed_step(monkeypatch):
-    monkeypatch.setenv(aa.DISABLE_ENV, "0")
-    assert aa.native_module() is None
+def test_nmt_native_kernels_0_keeps_the_packed_step(monkeypatch):
+    monkeypatch.setenv(native.DISABLE_ENV, "0")
+    assert native.native_module() is None
 
 
 @pytest.mark.parametrize("per_sentence", [1, 4])
 @pytest.mark.parametrize("masked", [False, True], ids=["no padding", "padded"])
-def test_the_source_loop_equals_the_encoder_decoder_attention_by_products(built, per_sentence, masked):
+@pytest.mark.parametrize("d_head, src_len", [(16, 9), (32, 16), (32, 37), (64, 5)])
+def test_the_source_loop_equals_the_encoder_decoder_attention_by_products(built, per_sentence, masked, d_head, src_len):
     from nmt.ops.product_attention import attention_by_products
 
-    g = torch.Generator().manual_seed(per_sentence)
-    n_sent, heads, d_head, src_len = 5, 4, 16, 9
+    g = torch.Generator().manual_seed(per_sentence + src_len)
+    n_sent, heads = 5, 4
     k, v = (torch.randn(n_sent, heads, src_len, d_head, generator=g) for _ in range(2))
     q = torch.randn(n_sent * per_sentence, heads, d_head, generator=g)
-    lengths = torch.tensor([9, 3, 1, 7, 9])
+    lengths = torch.tensor([src_len, 3, 1, src_len - 2, src_len])
     mask = (torch.arange(src_len)[None, :] < lengths[:, None])[:, None, None, :] if masked else None
-    got = aa.source_attention(q, k, v, mask)
+    k_t = aa.transposed_source_keys(k)  # (N, h, d_head, src_len padded to a multiple of 16)
+    assert k_t.size(3) % aa.SOURCE_LANES == 0 and torch.equal(k_t[..., :src_len], k.transpose(2, 3))
+    got = aa.source_attention(q, k_t, v, mask)
     by_sentence = q.view(n_sent, per_sentence, heads, d_head).transpose(1, 2)  # (N, h, beam, d_head)
     want = attention_by_products(by_sentence, k, v, mask).transpose(1, 2).reshape(q.shape)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -17,7 +17,8 @@ from nmt.model.config import build_config
 from nmt.model.incremental import SelfAttentionCache
 from nmt.model.transformer import Transformer
 from nmt.ops import optimize_for
-from nmt.ops.ancestor_attention import DISABLE_ENV, AncestorSelfAttentionCache, native_module
+from nmt.ops.ancestor_attention import AncestorSelfAttentionCache
+from nmt.ops.native import DISABLE_ENV, native_module
 from nmt.ops.cpu_decoder_step import PackedSelfAttentionCache
 from test_beam_search import _batch  # tests/ is on pytest's path
 
@@ -38,13 +39,13 @@ def _cache_type(state) -> type:
 
 @pytest.fixture(params=["packed", "ancestor"])
 def fast_cache(request, monkeypatch) -> type:
-    """The cache fp32 CPU inference decodes with: the packed one (NMT_NATIVE_ATTENTION=0, or no
+    """The cache fp32 CPU inference decodes with: the packed one (NMT_NATIVE_KERNELS=0, or no
     compiler), or the C++ loop's where it builds."""
     if request.param == "packed":
         monkeypatch.setenv(DISABLE_ENV, "0")
         return PackedSelfAttentionCache
     if native_module() is None:
-        pytest.skip("the C++ decoder attention cannot be built here (no C++ compiler or ninja)")
+        pytest.skip("the C++ decoder kernels cannot be built here (no C++ compiler or ninja)")
     return AncestorSelfAttentionCache
 
 
@@ -134,9 +135,9 @@ def test_packed_state_holds_every_step_once_per_row_after_reorders(fast_cache):
                 m.decode_step(tokens, s)
                 s.reorder(torch.tensor(parents))
         for cache, packed in zip(*(s.caches for s in states)):
-            if fast_cache is AncestorSelfAttentionCache:  # kv[s, anc[r, s]] (steps, rows, 2, h, d_head)
-                steps = torch.arange(packed.length)[None, :]
-                kv = packed.kv[steps, packed.anc[: packed.rows, : packed.length].long()]  # (rows, steps, 2, h, d_head)
+            if fast_cache is AncestorSelfAttentionCache:  # steps[s][anc[r, s]], each (rows of step s, 2, h, d_head)
+                anc = packed.anc[: packed.rows, : packed.length].long()
+                kv = torch.stack([step[anc[:, s]] for s, step in enumerate(packed.steps)], 1)  # (rows, steps, 2, h, d_head)
                 k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
             else:
                 k = packed.kv[0, : packed.rows, :, : packed.length]
@@ -155,5 +156,7 @@ def test_sampling_and_scoring_paths_accept_the_packed_state(fast_cache):
         for _ in range(15):
             logits = fast.decode_step(tokens, state)
             tokens = F.log_softmax(logits, -1).argmax(-1)
-        capacity = 0 if fast_cache is AncestorSelfAttentionCache else 3
-        assert all(cache.length == 15 and cache.kv.size(capacity) >= 15 for cache in state.caches)
+        if fast_cache is AncestorSelfAttentionCache:
+            assert all(cache.length == 15 and len(cache.steps) == 15 and cache.anc.size(1) >= 15 for cache in state.caches)
+        else:
+            assert all(cache.length == 15 and cache.kv.size(3) >= 15 for cache in state.caches)

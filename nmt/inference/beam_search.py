@@ -130,7 +130,8 @@ def row_candidates(models: Sequence[Transformer], states: Sequence[DecoderState]
     generated). The vocabulary projection runs a block of rows at a time, so the logits of
     the whole batch never exist at once; log P = log_softmax(logits), and an ensemble
     averages its members' log-probabilities. `asked` (rows, E) token ids also get their
-    log-probabilities (pad asks for nothing: -inf)."""
+    log-probabilities (pad asks for nothing: -inf). A model searched alone may do the
+    log-softmax and ranking of a block in one pass of its own (`Transformer.fused_vocabulary_top`)."""
     hidden = [m.decode_step_hidden(tokens, s) for m, s in zip(models, states)]
     ids = models[0].cfg.special_ids
     n_rows = tokens.numel()
@@ -140,8 +141,12 @@ def row_candidates(models: Sequence[Transformer], states: Sequence[DecoderState]
     best = torch.empty(n_rows, per_row, dtype=torch.long, device=tokens.device)
     eos = torch.empty(n_rows, device=tokens.device)
     asked_log_probs = None if asked is None else torch.empty(asked.shape, device=tokens.device)
+    fused = models[0].fused_vocabulary_top if len(models) == 1 and asked is None else None
     for start in range(0, n_rows, block):
         rows = slice(start, start + block)
+        if fused is not None:  # the same, in one pass over each row of the block (nmt.ops.vocabulary_top)
+            fused(models[0].project_fp32(hidden[0][rows]), log_probs[rows], best[rows], eos[rows])
+            continue
         scores = None
         for model, h in zip(models, hidden):
             logits = model.project_fp32(h[rows])

@@ -309,6 +309,13 @@ class Transformer(nn.Module):
         with torch.autocast(hidden.device.type, enabled=False):
             return F.linear(hidden.float(), cached[1], None if bias is None else bias.detach().float())
 
+    @property
+    def fused_vocabulary_top(self) -> Optional[Callable[[Tensor, Tensor, Tensor, Tensor], None]]:
+        """A device's one-pass log_softmax and ranking of a block of logits for a search of this
+        model alone, f(logits, values, tokens, eos) (`nmt.ops.vocabulary_top`), or None: the
+        search's PyTorch operations (`nmt.inference.beam_search.row_candidates`)."""
+        return None
+
     def forward(self, src_tokens: Tensor, prev_tokens: Tensor, return_hidden: bool = False) -> Tensor:
         """Logits (B, T, tgt_vocab) of every next target token; with `return_hidden`, the
         decoder states before the projection (training projects non-pad positions only)."""

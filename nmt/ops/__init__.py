@@ -9,8 +9,10 @@ in place: the classes change, the parameters and checkpoint keys do not.
 | CPU | `attention.CpuMultiHeadAttention` | `F.scaled_dot_product_attention` | bf16 attention backward 3-5x slower than fp32 |
 | CPU | `attention.CpuTransformer` | the source mask | no mask when a batch has no padding: faster kernel |
 | CPU | `cpu_decoder_step` (via `CpuTransformer`) | `Transformer.decode_step_hidden`, `SelfAttentionCache` (inference, fp32) | fewer operations per beam search step, one cache gather per layer |
-| CPU | `ancestor_attention.AncestorSelfAttentionCache` (via `cpu_decoder_step`, where its C++ loop builds) | the cache gather and `F.scaled_dot_product_attention` (inference, fp32) | the cache is never reordered: keys read through each row's ancestors, 3-5x faster |
+| CPU | `ancestor_attention.AncestorSelfAttentionCache` (via `cpu_decoder_step`, where `native`'s C++ kernels build) | the cache gather and `F.scaled_dot_product_attention` (inference, fp32) | the cache is never reordered: keys read through each row's ancestors, 3-5x faster |
 | CPU | `ancestor_attention.source_attention` (with the cache above) | `product_attention.attention_by_products` (encoder-decoder, inference, fp32) | one pass per row instead of two small batched products and a softmax |
+| CPU | `add_and_norm.add_and_norm`, `bias_relu` (with the cache above) | the bias of `F.linear`, the residual sum, `F.layer_norm`, ReLU (inference, fp32) | one pass over a sublayer's output instead of three or two |
+| CPU | `vocabulary_top.vocabulary_top` (via `CpuTransformer.fused_vocabulary_top`, one model) | `log_softmax`, the masks, the block top-k and eos's column of a search step | one read of each row of logits instead of five passes |
 | CPU | `dropout.CpuDropout` | `nn.Dropout` | masks from 16 random bits, not a double, per element |
 | CPU | `feed_forward.CpuFeedForward` | ReLU + dropout | one byte mask for both; padded bf16 rows kept once |
 | CPU | `bucketed_linear.BucketedLinear` | `nn.Linear` | bf16 training rows padded: oneDNN builds kernels once |
@@ -56,7 +58,7 @@ def optimize_for(model: torch.nn.Module, device: torch.device, dtype: Optional[t
     bucket = row_multiple if dtype == torch.bfloat16 else 0
     onednn = inference and dtype in (None, torch.float32) and onednn_pays_off()
     if inference and dtype in (None, torch.float32):
-        from nmt.ops.ancestor_attention import native_module
+        from nmt.ops.native import native_module
 
         native_module()  # built (once per CPU) as the model loads, not at the first sentence
     for module in list(model.modules()):

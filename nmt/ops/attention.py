@@ -8,6 +8,7 @@ tests/test_model.py and tests/test_gemm_rows.py check each against the stock op.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import partial
 from typing import Callable, Iterator, NamedTuple, Optional
 
 import torch
@@ -17,10 +18,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nmt.model.incremental import Cache, DecoderState
 from nmt.model.transformer import EncoderOut, MultiHeadAttention, Transformer
-from nmt.ops.ancestor_attention import AncestorSelfAttentionCache, native_module
+from nmt.ops.ancestor_attention import AncestorSelfAttentionCache, transposed_source_keys
 from nmt.ops.cpu_decoder_step import PackedSelfAttentionCache, packed_decode_step_hidden
+from nmt.ops.native import native_module, ready as native_ready
 from nmt.ops.onednn_linear import onednn_linear, takes_onednn
 from nmt.ops.product_attention import attention_by_products
+from nmt.ops.vocabulary_top import vocabulary_top
 
 
 def cpu_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0,
@@ -120,7 +123,8 @@ class CpuTransformer(Transformer):
     (On a GPU, asking whether there is padding would make the host wait for the device, and
     graphs under torch.compile keep one shape of call, so both always pass the mask.) In fp32
     inference on AMD CPUs its vocabulary projection runs oneDNN's matmul (`nmt.ops.onednn_linear`),
-    and fp32 inference decodes step by step with `nmt.ops.cpu_decoder_step` (same maths, fewer operations)."""
+    and fp32 inference decodes step by step with `nmt.ops.cpu_decoder_step` (same maths, fewer operations);
+    a search of it alone ranks each block of logits with `nmt.ops.vocabulary_top`."""
 
     onednn_projection: bool = False
     """Whether fp32 inference projects to the vocabulary through `nmt.ops.onednn_linear` (set by `optimize_for`)."""
@@ -134,18 +138,28 @@ class CpuTransformer(Transformer):
                            cache: Optional[Callable[[], Cache]] = None) -> DecoderState:
         """Without a `cache` given, fp32 inference (no autograd, autocast or compiler) decodes
         with the packed step, over caches read through ancestor tables by the C++ loop where it
-        is built (`nmt.ops.ancestor_attention`), else over its packed caches; anything else with
-        the stock ones."""
+        is built (`nmt.ops.ancestor_attention`; the encoder-decoder keys then held transposed,
+        as its source loop reads them), else over its packed caches; anything else with the
+        stock ones."""
         if cache is None and (self.output_weight.dtype == torch.float32 and enc.states.dtype == torch.float32
                               and not self.training and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
                               and not torch.compiler.is_compiling()):
             cache = AncestorSelfAttentionCache if native_module() is not None else PackedSelfAttentionCache
-        return super().init_decoder_state(enc, beam, cache)
+        state = super().init_decoder_state(enc, beam, cache)
+        if cache is AncestorSelfAttentionCache:  # the C++ encoder-decoder attention reads its keys transposed
+            state.memory_kv = [(transposed_source_keys(k), v) for k, v in state.memory_kv]
+        return state
 
     def decode_step_hidden(self, tokens: Tensor, state: DecoderState) -> Tensor:
         if state.caches and isinstance(state.caches[0], (PackedSelfAttentionCache, AncestorSelfAttentionCache)):
             return packed_decode_step_hidden(self, tokens, state)
         return super().decode_step_hidden(tokens, state)
+
+    @property
+    def fused_vocabulary_top(self) -> Optional[Callable[[Tensor, Tensor, Tensor, Tensor], None]]:
+        """`nmt.ops.vocabulary_top`'s C++ loop, where this process has it built (fp32 inference
+        builds it as the model loads: `nmt.ops.optimize_for`)."""
+        return partial(vocabulary_top, ids=self.cfg.special_ids) if native_ready() is not None else None
 
     def project_fp32(self, hidden: Tensor) -> Tensor:
         if self.onednn_projection and takes_onednn(hidden, self.output_weight):

@@ -31,7 +31,9 @@ from torch import Tensor
 
 from nmt.model.incremental import DecoderState, grown_capacity
 from nmt.model.transformer import ACTIVATIONS, FeedForward, MultiHeadAttention, Residual, Transformer
+from nmt.ops.add_and_norm import add_and_norm, bias_relu
 from nmt.ops.ancestor_attention import AncestorSelfAttentionCache, source_attention
+from nmt.ops.onednn_linear import OneDnnLinear
 from nmt.ops.product_attention import attention_by_products
 
 
@@ -93,10 +95,16 @@ def packed_decode_step_hidden(model: Transformer, tokens: Tensor, state: Decoder
     cfg = model.cfg
     # Dropout(sqrt(d_model) * E[tokens] + PE[step]), dropout off (3.4, 3.5)
     x = F.embedding(tokens, model.tgt_embed.weight).mul_(model.embed_scale).add_(model.positions[state.step])
-    native = isinstance(state.caches[0], AncestorSelfAttentionCache)  # the C++ loops are built
+    native = isinstance(state.caches[0], AncestorSelfAttentionCache)  # the C++ kernels are built
     for layer, cache, memory_kv in zip(model.decoder_layers, state.caches, state.memory_kv):
+        if native:  # each sublayer up to its last product, then "Add & Norm" in C++ (nmt.ops.add_and_norm)
+            x = _add_and_norm(layer.self_block, x, layer.self_attn.out_proj, _self_attention_heads, layer.self_attn, cache)
+            x = _add_and_norm(layer.cross_block, x, layer.cross_attn.out_proj, _cross_attention_heads, layer.cross_attn,
+                              memory_kv, state.memory_mask)
+            x = _add_and_norm(layer.ffn_block, x, layer.ffn.fc2, _feed_forward_hidden, layer.ffn, cfg.activation)
+            continue
         x = _sublayer(layer.self_block, x, _self_attention, layer.self_attn, cache)
-        x = _sublayer(layer.cross_block, x, _cross_attention, layer.cross_attn, memory_kv, state.memory_mask, native)
+        x = _sublayer(layer.cross_block, x, _cross_attention, layer.cross_attn, memory_kv, state.memory_mask)
         x = _sublayer(layer.ffn_block, x, _feed_forward, layer.ffn, cfg.activation)
     if model.decoder_norm is not None:
         x = _layer_norm(model.decoder_norm, x)
@@ -111,6 +119,18 @@ def _sublayer(block: Residual, x: Tensor, sublayer: Callable[..., Tensor], *args
     if block.pre_ln:
         return sublayer(_layer_norm(block.norm, x), *args).add_(x)
     return _layer_norm(block.norm, sublayer(x, *args).add_(x))
+
+
+def _add_and_norm(block: Residual, x: Tensor, last: torch.nn.Linear, inner: Callable[..., Tensor], *args: Any) -> Tensor:
+    """`_sublayer` whose sublayer is `inner(x, *args)` followed by the linear layer `last`: the
+    product without its bias, then the bias, the residual sum and (post-LN) the layer norm in
+    one pass. (A device's own product, `OneDnnLinear`, adds its bias itself.)"""
+    hidden = inner(_layer_norm(block.norm, x) if block.pre_ln else x, *args)
+    if type(last) is OneDnnLinear:
+        y, bias = last.forward(hidden), None
+    else:
+        y, bias = torch.mm(hidden, last.weight.t()), last.bias
+    return add_and_norm(y, bias, x, None if block.pre_ln else block.norm)
 
 
 def _layer_norm(norm: torch.nn.LayerNorm, x: Tensor) -> Tensor:
@@ -130,9 +150,6 @@ def _self_attention(x: Tensor, attn: MultiHeadAttention,
     n, d_model = x.shape
     heads, d_head = attn.n_heads, attn.d_head
     qkv = attn.qkv_proj.forward(x)  # (rows, 3 d_model): Q | K | V
-    if isinstance(cache, AncestorSelfAttentionCache):  # the C++ loop over the unreordered cache
-        out = cache.attend(qkv[:, :d_model].view(n, heads, d_head), qkv[:, d_model:].view(n, 2, heads, d_head))
-        return attn.out_proj.forward(out.view(n, d_model))
     k, v = cache.append(qkv[:, d_model:].view(n, 2, heads, d_head))  # (rows, h, steps, d_head)
     q = qkv[:, :d_model].view(n, heads, 1, d_head)
     if k.size(2) * d_head < 400:
@@ -142,16 +159,31 @@ def _self_attention(x: Tensor, attn: MultiHeadAttention,
     return attn.out_proj.forward(out.view(n, d_model))
 
 
-def _cross_attention(x: Tensor, attn: MultiHeadAttention, memory_kv: tuple[Tensor, Tensor],
-                     memory_mask: Optional[Tensor], native: bool = False) -> Tensor:
-    """Encoder-decoder attention (3.2.3): a sentence's `beam` rows query its source keys
-    (N, h, S, d_head) together, as the stock `MultiHeadAttention` does; `native`: in one pass
-    by the C++ loop (`nmt.ops.ancestor_attention.source_attention`)."""
+def _self_attention_heads(x: Tensor, attn: MultiHeadAttention, cache: AncestorSelfAttentionCache) -> Tensor:
+    """`_self_attention` before its output projection, by the C++ loop over the unreordered
+    cache: Concat(head_1, ..., head_h), (rows, d_model)."""
+    n, d_model = x.shape
+    heads, d_head = attn.n_heads, attn.d_head
+    qkv = attn.qkv_proj.forward(x)  # (rows, 3 d_model): Q | K | V
+    out = cache.attend(qkv[:, :d_model].view(n, heads, d_head), qkv[:, d_model:].view(n, 2, heads, d_head))
+    return out.view(n, d_model)
+
+
+def _cross_attention_heads(x: Tensor, attn: MultiHeadAttention, memory_kv: tuple[Tensor, Tensor],
+                           memory_mask: Optional[Tensor]) -> Tensor:
+    """`_cross_attention` before its output projection, in one pass by the C++ loop
+    (`nmt.ops.ancestor_attention.source_attention`): Concat(head_1, ..., head_h), (rows, d_model)."""
     n, d_model = x.shape
     k, v = memory_kv
-    if native:
-        out = source_attention(attn.q_proj.forward(x).view(n, attn.n_heads, attn.d_head), k, v, memory_mask)
-        return attn.out_proj.forward(out.view(n, d_model))
+    return source_attention(attn.q_proj.forward(x).view(n, attn.n_heads, attn.d_head), k, v, memory_mask).view(n, d_model)
+
+
+def _cross_attention(x: Tensor, attn: MultiHeadAttention, memory_kv: tuple[Tensor, Tensor],
+                     memory_mask: Optional[Tensor]) -> Tensor:
+    """Encoder-decoder attention (3.2.3): a sentence's `beam` rows query its source keys
+    (N, h, S, d_head) together, as the stock `MultiHeadAttention` does."""
+    n, d_model = x.shape
+    k, v = memory_kv
     n_sent = k.size(0)
     q = attn.q_proj.forward(x).view(n_sent, n // n_sent, attn.n_heads, attn.d_head).transpose(1, 2)  # (N, h, beam, d_head)
     out = attention_by_products(q, k, v, memory_mask)
@@ -163,3 +195,10 @@ def _feed_forward(x: Tensor, ffn: FeedForward, activation: str) -> Tensor:
     hidden = ffn.fc1.forward(x)
     hidden = hidden.relu_() if activation == "relu" else ACTIVATIONS[activation](hidden)
     return ffn.fc2.forward(hidden)
+
+
+def _feed_forward_hidden(x: Tensor, ffn: FeedForward, activation: str) -> Tensor:
+    """max(0, x W1 + b1) of `_feed_forward`, the ReLU and bias in one pass (`nmt.ops.add_and_norm.bias_relu`)."""
+    if activation == "relu" and type(ffn.fc1) is not OneDnnLinear and ffn.fc1.bias is not None:
+        return bias_relu(torch.mm(x, ffn.fc1.weight.t()), ffn.fc1.bias)
+    return ACTIVATIONS[activation](ffn.fc1.forward(x))
