@@ -97,14 +97,15 @@ def test_the_source_loop_equals_the_encoder_decoder_attention_by_products(built,
     from nmt.ops.product_attention import attention_by_products
 
     g = torch.Generator().manual_seed(per_sentence + src_len)
-    n_sent, heads = 5, 4
-    k, v = (torch.randn(n_sent, heads, src_len, d_head, generator=g) for _ in range(2))
-    q = torch.randn(n_sent * per_sentence, heads, d_head, generator=g)
-    lengths = torch.tensor([src_len, 3, 1, src_len - 2, src_len])
+    held, heads = 5, 4
+    live = torch.tensor([4, 0, 3])  # the sentences still searched: entries of the keys and values held
+    k, v = (torch.randn(held, heads, src_len, d_head, generator=g) for _ in range(2))
+    q = torch.randn(len(live) * per_sentence, heads, d_head, generator=g)
+    lengths = torch.tensor([src_len, 3, 1, src_len - 2, 2])
     mask = (torch.arange(src_len)[None, :] < lengths[:, None])[:, None, None, :] if masked else None
     k_t = aa.transposed_source_keys(k)  # (N, h, d_head, src_len padded to a multiple of 16)
     assert k_t.size(3) % aa.SOURCE_LANES == 0 and torch.equal(k_t[..., :src_len], k.transpose(2, 3))
-    got = aa.source_attention(q, k_t, v, mask)
-    by_sentence = q.view(n_sent, per_sentence, heads, d_head).transpose(1, 2)  # (N, h, beam, d_head)
-    want = attention_by_products(by_sentence, k, v, mask).transpose(1, 2).reshape(q.shape)
+    got = aa.source_attention(q, k_t, v, mask, live)
+    by_sentence = q.view(len(live), per_sentence, heads, d_head).transpose(1, 2)  # (N, h, beam, d_head)
+    want = attention_by_products(by_sentence, k[live], v[live], None if mask is None else mask[live]).transpose(1, 2).reshape(q.shape)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

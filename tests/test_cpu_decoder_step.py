@@ -60,7 +60,7 @@ def _models(seed: int, **kw) -> tuple[Transformer, Transformer]:
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("lengths", [[5, 9, 3], [6, 6, 6]], ids=["padded", "no padding"])
+@pytest.mark.parametrize("lengths", [[5, 9, 3, 7], [6, 6, 6, 6]], ids=["padded", "no padding"])
 def test_packed_step_gives_the_stock_logits_through_reorders_growth_and_sentences_leaving(variant, lengths, fast_cache):
     stock, fast = _models(seed=3, **VARIANTS[variant])
     src = _batch(lengths, VOCAB, seed=4)
@@ -74,9 +74,9 @@ def test_packed_step_gives_the_stock_logits_through_reorders_growth_and_sentence
         for step in range(20):  # past the cache's capacities 8, 12 and 18, and an ancestor cache's compaction
             want, got = (m.decode_step(tokens, s) for m, s in zip((stock, fast), states))
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-            sentences = None
-            if step == 10:  # the middle sentence leaves; the others continue from random rows of theirs
-                sentences = torch.tensor([0, 2])
+            # sentences leave (indices among the live ones); the others continue from random rows of theirs
+            leaving = {10: [0, 2, 3], 14: [1, 2], 17: [1]}.get(step)
+            sentences = torch.tensor(leaving) if leaving else None
             kept = sentences.tolist() if sentences is not None else range(n_sent)
             width = rows // n_sent
             parents = [s * width + int(torch.randint(width, (1,), generator=g)) for s in kept for _ in range(beam)]
@@ -84,6 +84,9 @@ def test_packed_step_gives_the_stock_logits_through_reorders_growth_and_sentence
             for s in states:
                 s.reorder(torch.tensor(parents), sentences)
             tokens = torch.randint(4, VOCAB, (rows,), generator=g)
+            if fast_cache is AncestorSelfAttentionCache:  # left sentences stay until fewer than half are live
+                held = states[1].memory_kv[0][1].size(0)
+                assert held == (1 if step >= 17 else 4) and states[1].sentences.numel() == n_sent
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -18,7 +18,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nmt.model.incremental import Cache, DecoderState
 from nmt.model.transformer import EncoderOut, MultiHeadAttention, Transformer
-from nmt.ops.ancestor_attention import AncestorSelfAttentionCache, transposed_source_keys
+from nmt.ops.ancestor_attention import AncestorDecoderState, AncestorSelfAttentionCache
 from nmt.ops.cpu_decoder_step import PackedSelfAttentionCache, packed_decode_step_hidden
 from nmt.ops.native import native_module, ready as native_ready
 from nmt.ops.onednn_linear import onednn_linear, takes_onednn
@@ -138,17 +138,14 @@ class CpuTransformer(Transformer):
                            cache: Optional[Callable[[], Cache]] = None) -> DecoderState:
         """Without a `cache` given, fp32 inference (no autograd, autocast or compiler) decodes
         with the packed step, over caches read through ancestor tables by the C++ loop where it
-        is built (`nmt.ops.ancestor_attention`; the encoder-decoder keys then held transposed,
-        as its source loop reads them), else over its packed caches; anything else with the
-        stock ones."""
+        is built (`nmt.ops.ancestor_attention`, in an `AncestorDecoderState`), else over its
+        packed caches; anything else with the stock ones."""
         if cache is None and (self.output_weight.dtype == torch.float32 and enc.states.dtype == torch.float32
                               and not self.training and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
                               and not torch.compiler.is_compiling()):
             cache = AncestorSelfAttentionCache if native_module() is not None else PackedSelfAttentionCache
         state = super().init_decoder_state(enc, beam, cache)
-        if cache is AncestorSelfAttentionCache:  # the C++ encoder-decoder attention reads its keys transposed
-            state.memory_kv = [(transposed_source_keys(k), v) for k, v in state.memory_kv]
-        return state
+        return AncestorDecoderState.adopt(state) if cache is AncestorSelfAttentionCache else state
 
     def decode_step_hidden(self, tokens: Tensor, state: DecoderState) -> Tensor:
         if state.caches and isinstance(state.caches[0], (PackedSelfAttentionCache, AncestorSelfAttentionCache)):

@@ -23,7 +23,7 @@ model's. `nmt.ops.attention.CpuTransformer` uses it for fp32 inference without a
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +32,7 @@ from torch import Tensor
 from nmt.model.incremental import DecoderState, grown_capacity
 from nmt.model.transformer import ACTIVATIONS, FeedForward, MultiHeadAttention, Residual, Transformer
 from nmt.ops.add_and_norm import add_and_norm, bias_relu
-from nmt.ops.ancestor_attention import AncestorSelfAttentionCache, source_attention
+from nmt.ops.ancestor_attention import AncestorDecoderState, AncestorSelfAttentionCache, source_attention
 from nmt.ops.onednn_linear import OneDnnLinear
 from nmt.ops.product_attention import attention_by_products
 
@@ -95,12 +95,12 @@ def packed_decode_step_hidden(model: Transformer, tokens: Tensor, state: Decoder
     cfg = model.cfg
     # Dropout(sqrt(d_model) * E[tokens] + PE[step]), dropout off (3.4, 3.5)
     x = F.embedding(tokens, model.tgt_embed.weight).mul_(model.embed_scale).add_(model.positions[state.step])
-    native = isinstance(state.caches[0], AncestorSelfAttentionCache)  # the C++ kernels are built
+    native = isinstance(state, AncestorDecoderState)  # the C++ kernels are built
     for layer, cache, memory_kv in zip(model.decoder_layers, state.caches, state.memory_kv):
         if native:  # each sublayer up to its last product, then "Add & Norm" in C++ (nmt.ops.add_and_norm)
             x = _add_and_norm(layer.self_block, x, layer.self_attn.out_proj, _self_attention_heads, layer.self_attn, cache)
             x = _add_and_norm(layer.cross_block, x, layer.cross_attn.out_proj, _cross_attention_heads, layer.cross_attn,
-                              memory_kv, state.memory_mask)
+                              memory_kv, state.memory_mask, state.sentences)
             x = _add_and_norm(layer.ffn_block, x, layer.ffn.fc2, _feed_forward_hidden, layer.ffn, cfg.activation)
             continue
         x = _sublayer(layer.self_block, x, _self_attention, layer.self_attn, cache)
@@ -137,8 +137,7 @@ def _layer_norm(norm: torch.nn.LayerNorm, x: Tensor) -> Tensor:
     return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
 
-def _self_attention(x: Tensor, attn: MultiHeadAttention,
-                    cache: Union[PackedSelfAttentionCache, AncestorSelfAttentionCache]) -> Tensor:
+def _self_attention(x: Tensor, attn: MultiHeadAttention, cache: PackedSelfAttentionCache) -> Tensor:
     """Masked self-attention of one new position over the cached ones (3.2.3), x (rows, d_model).
 
     With one query per row and head, PyTorch's flash-attention kernel is the faster way over a
@@ -170,12 +169,14 @@ def _self_attention_heads(x: Tensor, attn: MultiHeadAttention, cache: AncestorSe
 
 
 def _cross_attention_heads(x: Tensor, attn: MultiHeadAttention, memory_kv: tuple[Tensor, Tensor],
-                           memory_mask: Optional[Tensor]) -> Tensor:
+                           memory_mask: Optional[Tensor], sentences: Tensor) -> Tensor:
     """`_cross_attention` before its output projection, in one pass by the C++ loop
-    (`nmt.ops.ancestor_attention.source_attention`): Concat(head_1, ..., head_h), (rows, d_model)."""
+    (`nmt.ops.ancestor_attention.source_attention`; live sentence i reads entry sentences[i] of
+    the keys and values): Concat(head_1, ..., head_h), (rows, d_model)."""
     n, d_model = x.shape
-    k, v = memory_kv
-    return source_attention(attn.q_proj.forward(x).view(n, attn.n_heads, attn.d_head), k, v, memory_mask).view(n, d_model)
+    k_t, v = memory_kv
+    q = attn.q_proj.forward(x).view(n, attn.n_heads, attn.d_head)
+    return source_attention(q, k_t, v, memory_mask, sentences).view(n, d_model)
 
 
 def _cross_attention(x: Tensor, attn: MultiHeadAttention, memory_kv: tuple[Tensor, Tensor],

@@ -38,19 +38,33 @@ inline void softmax_values(int64_t D, int64_t T, Value value, float* p, float* o
   for (int64_t d = 0; d < D; ++d) out[d] = acc[d] * inv_z;
 }
 
-// softmax(q k_s / sqrt(D)) v_s summed over the steps s in [0, T), for one query q of D floats:
-// key(s) and value(s) point at step s's vectors; p holds T scores.
-template <int64_t kD, class Key, class Value>
-inline void attend_one(const float* q, int64_t D, int64_t T, float scale, Key key, Value value, float* p, float* out) {
+// All H heads of one row of the self-attention: the row's keys and values at step s are one block
+// (keys of every head, then values) at kv(s), read once per step for all heads rather than once per
+// head, and the next steps' blocks are prefetched (they are scattered through the cache by the
+// ancestor table, where the hardware prefetcher cannot follow). p holds H x T scores, out H x D.
+template <int64_t kD, class Block>
+inline void attend_row(const float* q, int64_t H, int64_t D, int64_t T, float scale, Block kv, int64_t value_offset,
+                       float* p, float* out) {
   if constexpr (kD > 0) D = kD;
+  constexpr int64_t kAhead = 2;  // steps prefetched ahead
+  const int64_t block_floats = value_offset * 2;
   for (int64_t s = 0; s < T; ++s) {
-    const float* k = key(s);
-    float dot = 0.f;
+    if (s + kAhead < T) {
+      const char* next = reinterpret_cast<const char*>(kv(s + kAhead));
+      for (int64_t b = 0; b < block_floats * 4; b += 64) __builtin_prefetch(next + b);
+    }
+    const float* k = kv(s);
+    for (int64_t h = 0; h < H; ++h) {
+      const float* kh = k + h * D;
+      const float* qh = q + h * D;
+      float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-    for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
-    p[s] = dot * scale;
+      for (int64_t d = 0; d < D; ++d) dot += qh[d] * kh[d];
+      p[h * T + s] = dot * scale;
+    }
   }
-  softmax_values<kD>(D, T, value, p, out);
+  for (int64_t h = 0; h < H; ++h)
+    softmax_values<kD>(D, T, [&](int64_t s) { return kv(s) + value_offset + h * D; }, p + h * T, out + h * D);
 }
 
 constexpr int64_t kSourceLanes = 16;  // source positions scored at once; the transposed keys are padded to a multiple
@@ -112,34 +126,37 @@ torch::Tensor ancestor_attention(const torch::Tensor& q, const std::vector<torch
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   with_head_size(D, [&](auto kD) {
     at::parallel_for(0, R, 16, [&](int64_t begin, int64_t end) {
-      std::vector<float> p(t);
+      std::vector<float> p(H * t);
       for (int64_t r = begin; r < end; ++r) {
         const int32_t* a = ap + r * anc_stride;
-        for (int64_t h = 0; h < H; ++h) {
-          attend_one<kD>(qp + r * q_row + h * D, D, t, scale,
-                         [&](int64_t s) { return step_kv[s] + a[s] * row_stride + h * D; },
-                         [&](int64_t s) { return step_kv[s] + a[s] * row_stride + value_offset + h * D; },
-                         p.data(), op + (r * H + h) * D);
-        }
+        attend_row<kD>(qp + r * q_row, H, D, t, scale, [&](int64_t s) { return step_kv[s] + a[s] * row_stride; }, value_offset,
+                       p.data(), op + r * H * D);
       }
     });
   });
   return out;
 }
 
-// Encoder-decoder attention: the rows of sentence n are [n R/N, (n+1) R/N); keys transposed and
-// padded, kT (N, H, D, S_pad), S_pad a multiple of kSourceLanes (padding: any finite value); values
-// v (N, H, S, D); mask (N, S) bool, true where attention is allowed, or empty.
-torch::Tensor source_attention(const torch::Tensor& q, const torch::Tensor& kT, const torch::Tensor& v, const torch::Tensor& mask) {
+// Encoder-decoder attention: the rows of live sentence i are [i R/L, (i+1) R/L), L = sentences.size(0),
+// and its source is entry n = sentences[i] of: keys transposed and padded, kT (N, H, D, S_pad), S_pad a
+// multiple of kSourceLanes (padding: any finite value); values v (N, H, S, D); mask (N, S) bool, true
+// where attention is allowed, or empty.
+torch::Tensor source_attention(const torch::Tensor& q, const torch::Tensor& kT, const torch::Tensor& v, const torch::Tensor& mask,
+                               const torch::Tensor& sentences) {
   check_query(q);
   TORCH_CHECK(kT.dtype() == torch::kFloat && v.dtype() == torch::kFloat && kT.is_contiguous() && v.is_contiguous() && kT.dim() == 4 &&
               v.dim() == 4, "fp32 kT, v contiguous");
   const int64_t R = q.size(0), H = q.size(1), D = q.size(2), q_row = q.stride(0), N = v.size(0), S = v.size(2), S_pad = kT.size(3);
-  TORCH_CHECK(N > 0 && R % N == 0 && v.size(1) == H && v.size(3) == D && kT.size(0) == N && kT.size(1) == H && kT.size(2) == D &&
-              S_pad >= S && S_pad % kSourceLanes == 0, "shapes");
+  TORCH_CHECK(v.size(1) == H && v.size(3) == D && kT.size(0) == N && kT.size(1) == H && kT.size(2) == D && S_pad >= S &&
+              S_pad % kSourceLanes == 0, "shapes");
+  TORCH_CHECK(sentences.dtype() == torch::kLong && sentences.dim() == 1 && sentences.is_contiguous(), "sentences: int64 (L,)");
+  const int64_t L = sentences.size(0);
+  TORCH_CHECK(L > 0 && R % L == 0, "rows: a multiple of the live sentences");
+  const int64_t* sp = sentences.data_ptr<int64_t>();
+  for (int64_t i = 0; i < L; ++i) TORCH_CHECK(sp[i] >= 0 && sp[i] < N, "sentences: entries of kT and v");
   const bool masked = mask.numel() > 0;
   TORCH_CHECK(!masked || (mask.dtype() == torch::kBool && mask.is_contiguous() && mask.numel() == N * S), "mask (N, S) bool");
-  const int64_t per_sentence = R / N;
+  const int64_t per_sentence = R / L;
   auto out = torch::empty({R, H, D}, q.options());
   const float* qp = q.data_ptr<float>();
   const float* kp = kT.data_ptr<float>();
@@ -151,7 +168,7 @@ torch::Tensor source_attention(const torch::Tensor& q, const torch::Tensor& kT, 
     at::parallel_for(0, R, 16, [&](int64_t begin, int64_t end) {
       std::vector<float> p(S);
       for (int64_t r = begin; r < end; ++r) {
-        const int64_t n = r / per_sentence;
+        const int64_t n = sp[r / per_sentence];
         for (int64_t h = 0; h < H; ++h) {
           const float* vh = vp + (n * H + h) * S * D;
           source_scores<kD>(qp + r * q_row + h * D, D, kp + (n * H + h) * D * S_pad, S, S_pad, scale, mp ? mp + n * S : nullptr,
