@@ -1,5 +1,6 @@
 // nmt's decoder attention over caches that beam search never reorders (nmt/ops/ancestor_attention.py
-// says why and how), and the encoder-decoder attention of a step: one pass per query row and head.
+// says why and how), and the encoder-decoder attention of a step: one pass over the keys and values
+// per query row (self-attention: all heads at once) or per row and head (encoder-decoder).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
@@ -47,11 +48,12 @@ inline void attend_row(const float* q, int64_t H, int64_t D, int64_t T, float sc
                        float* p, float* out) {
   if constexpr (kD > 0) D = kD;
   constexpr int64_t kAhead = 2;  // steps prefetched ahead
-  const int64_t block_floats = value_offset * 2;
+  constexpr int64_t kLine = 64;  // bytes per cache line
+  const int64_t block_bytes = 2 * value_offset * static_cast<int64_t>(sizeof(float));
   for (int64_t s = 0; s < T; ++s) {
     if (s + kAhead < T) {
       const char* next = reinterpret_cast<const char*>(kv(s + kAhead));
-      for (int64_t b = 0; b < block_floats * 4; b += 64) __builtin_prefetch(next + b);
+      for (int64_t b = 0; b < block_bytes; b += kLine) __builtin_prefetch(next + b);
     }
     const float* k = kv(s);
     for (int64_t h = 0; h < H; ++h) {
@@ -104,7 +106,7 @@ static void check_query(const torch::Tensor& q) {
 
 // Self-attention: steps[s] (rows of step s, 2, H, D), the keys and values step s computed, keys at
 // [row, 0], values at [row, 1]; anc (R, capacity) int32, anc[r][s] the row of step s that row r
-// descends from; steps [0, t).
+// descends from (a row of steps[s]: the cache's invariant, not checked here per step); steps [0, t).
 torch::Tensor ancestor_attention(const torch::Tensor& q, const std::vector<torch::Tensor>& steps, const torch::Tensor& anc,
                                  int64_t t) {
   check_query(q);
