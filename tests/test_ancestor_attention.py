@@ -90,7 +90,7 @@ def test_nmt_native_kernels_0_keeps_the_packed_step(monkeypatch):
     assert native.native_module() is None
 
 
-@pytest.mark.parametrize("per_sentence", [1, 4])
+@pytest.mark.parametrize("per_sentence", [1, 2, 3, 4, 5])  # the C++ loop attends up to 4 rows of a sentence together
 @pytest.mark.parametrize("masked", [False, True], ids=["no padding", "padded"])
 @pytest.mark.parametrize("d_head, src_len", [(16, 9), (32, 16), (32, 37), (64, 5)])
 def test_the_source_loop_equals_the_encoder_decoder_attention_by_products(built, per_sentence, masked, d_head, src_len):
@@ -109,3 +109,23 @@ def test_the_source_loop_equals_the_encoder_decoder_attention_by_products(built,
     by_sentence = q.view(len(live), per_sentence, heads, d_head).transpose(1, 2)  # (N, h, beam, d_head)
     want = attention_by_products(by_sentence, k[live], v[live], None if mask is None else mask[live]).transpose(1, 2).reshape(q.shape)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_source_loop_split_between_threads_mid_sentence_equals_the_products(built):
+    """Two threads cut the rows into chunks that need not start at a sentence: the rows of a
+    sentence attended together stop at the chunk's end."""
+    from nmt.ops.product_attention import attention_by_products
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        g = torch.Generator().manual_seed(9)
+        n_sent, per_sentence, heads, d_head, src_len = 13, 5, 2, 32, 11
+        k, v = (torch.randn(n_sent, heads, src_len, d_head, generator=g) for _ in range(2))
+        q = torch.randn(n_sent * per_sentence, heads, d_head, generator=g)
+        got = aa.source_attention(q, aa.transposed_source_keys(k), v, None, torch.arange(n_sent))
+        by_sentence = q.view(n_sent, per_sentence, heads, d_head).transpose(1, 2)
+        want = attention_by_products(by_sentence, k, v, None).transpose(1, 2).reshape(q.shape)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    finally:
+        torch.set_num_threads(before)

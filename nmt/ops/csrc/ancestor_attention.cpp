@@ -11,13 +11,15 @@
 #include "vector_exp.h"
 
 // out = sum over s in [0, T) of softmax(p)_s value(s), values of D floats; p holds the T scores
-// (-inf: masked out, weight 0) and is overwritten. kD > 0 is D known when compiling (the usual
+// (-inf: masked out, weight 0) and is overwritten; m, where given, is their maximum. kD > 0 is D known when compiling (the usual
 // head sizes): the weighted sum then stays in registers instead of going through `out` at every step.
 template <int64_t kD, class Value>
-inline void softmax_values(int64_t D, int64_t T, Value value, float* p, float* out) {
+inline void softmax_values(int64_t D, int64_t T, Value value, float* p, float* out, float m = NAN) {
   if constexpr (kD > 0) D = kD;
-  float m = -INFINITY;
-  for (int64_t s = 0; s < T; ++s) m = p[s] > m ? p[s] : m;
+  if (std::isnan(m)) {  // the caller did not give the largest score
+    m = -INFINITY;
+    for (int64_t s = 0; s < T; ++s) m = p[s] > m ? p[s] : m;
+  }
   float z = 0.f;
 #pragma omp simd reduction(+ : z)
   for (int64_t s = 0; s < T; ++s) {
@@ -73,11 +75,13 @@ constexpr int64_t kSourceLanes = 16;  // source positions scored at once; the tr
 
 // p[s] = q k_s / sqrt(D) for the S source positions of one head, from its keys transposed, kT (D,
 // S_pad): kSourceLanes scores accumulate side by side (one vector register) over d, so no score
-// needs a sum across a register's lanes, as a dot product of q and k_s would. allowed: the mask, or null.
+// needs a sum across a register's lanes, as a dot product of q and k_s would. allowed: the mask, or
+// null. Returns the largest score.
 template <int64_t kD>
-inline void source_scores(const float* q, int64_t D, const float* kT, int64_t S, int64_t S_pad, float scale,
-                          const bool* allowed, float* p) {
+inline float source_scores(const float* q, int64_t D, const float* kT, int64_t S, int64_t S_pad, float scale,
+                           const bool* allowed, float* p) {
   if constexpr (kD > 0) D = kD;
+  float m = -INFINITY;
   for (int64_t s0 = 0; s0 < S; s0 += kSourceLanes) {
     float acc[kSourceLanes] = {0.f};
     for (int64_t d = 0; d < D; ++d) {
@@ -87,9 +91,68 @@ inline void source_scores(const float* q, int64_t D, const float* kT, int64_t S,
       for (int64_t l = 0; l < kSourceLanes; ++l) acc[l] += qd * kd[l];
     }
     const int64_t n = std::min(kSourceLanes, S - s0);
-    for (int64_t l = 0; l < n; ++l) p[s0 + l] = allowed && !allowed[s0 + l] ? -INFINITY : acc[l] * scale;
+    for (int64_t l = 0; l < n; ++l) {
+      p[s0 + l] = allowed && !allowed[s0 + l] ? -INFINITY : acc[l] * scale;
+      m = p[s0 + l] > m ? p[s0 + l] : m;
+    }
+  }
+  return m;
+}
+
+// source_scores and softmax_values for G rows of one sentence and one head at once (kD > 0): they
+// read the same keys and values, which are then loaded once for all G rows. q[i], out[i]: row i's
+// query and output; p holds G x S scores.
+template <int64_t kD, int64_t G>
+inline void source_group(const float* const* q, const float* kT, const float* v, int64_t S, int64_t S_pad, float scale,
+                         const bool* allowed, float* p, float* const* out) {
+  static_assert(kD > 0, "head size known when compiling");
+  float m[G], z[G];
+  for (int64_t i = 0; i < G; ++i) m[i] = -INFINITY;
+  for (int64_t s0 = 0; s0 < S; s0 += kSourceLanes) {
+    float acc[G][kSourceLanes] = {};
+    for (int64_t d = 0; d < kD; ++d) {
+      const float* kd = kT + d * S_pad + s0;
+      for (int64_t i = 0; i < G; ++i) {
+        const float qd = q[i][d];
+#pragma omp simd
+        for (int64_t l = 0; l < kSourceLanes; ++l) acc[i][l] += qd * kd[l];
+      }
+    }
+    const int64_t n = std::min(kSourceLanes, S - s0);
+    for (int64_t i = 0; i < G; ++i)
+      for (int64_t l = 0; l < n; ++l) {
+        const float score = allowed && !allowed[s0 + l] ? -INFINITY : acc[i][l] * scale;
+        p[i * S + s0 + l] = score;
+        m[i] = score > m[i] ? score : m[i];
+      }
+  }
+  for (int64_t i = 0; i < G; ++i) {
+    float* pi = p + i * S;
+    float zi = 0.f;
+#pragma omp simd reduction(+ : zi)
+    for (int64_t s = 0; s < S; ++s) {
+      pi[s] = exp_nonpositive(pi[s] - m[i]);  // 0 where masked
+      zi += pi[s];
+    }
+    z[i] = zi;
+  }
+  float acc[G][kD] = {};
+  for (int64_t s = 0; s < S; ++s) {
+    const float* vs = v + s * kD;
+    for (int64_t i = 0; i < G; ++i) {
+      const float w = p[i * S + s];
+#pragma omp simd
+      for (int64_t d = 0; d < kD; ++d) acc[i][d] += w * vs[d];
+    }
+  }
+  for (int64_t i = 0; i < G; ++i) {
+    const float inv_z = 1.0f / z[i];
+#pragma omp simd
+    for (int64_t d = 0; d < kD; ++d) out[i][d] = acc[i][d] * inv_z;
   }
 }
+
+constexpr int64_t kSourceGroup = 4;  // rows of a sentence attended together (a beam of 4: one sentence's rows)
 
 // f(std::integral_constant<int64_t, kD>) with kD = D for the usual head sizes, else 0 (D at run time).
 template <class F>
@@ -168,15 +231,34 @@ torch::Tensor source_attention(const torch::Tensor& q, const torch::Tensor& kT, 
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   with_head_size(D, [&](auto kD) {
     at::parallel_for(0, R, 16, [&](int64_t begin, int64_t end) {
-      std::vector<float> p(S);
-      for (int64_t r = begin; r < end; ++r) {
-        const int64_t n = sp[r / per_sentence];
+      std::vector<float> p(kSourceGroup * S);
+      for (int64_t r = begin; r < end;) {
+        const int64_t sentence = r / per_sentence, n = sp[sentence];
+        const bool* allowed = mp ? mp + n * S : nullptr;
+        // the next rows of this sentence in this chunk, up to kSourceGroup
+        const int64_t g = kD > 0 ? std::min({kSourceGroup, end - r, (sentence + 1) * per_sentence - r}) : 1;
         for (int64_t h = 0; h < H; ++h) {
+          const float* kh = kp + (n * H + h) * D * S_pad;
           const float* vh = vp + (n * H + h) * S * D;
-          source_scores<kD>(qp + r * q_row + h * D, D, kp + (n * H + h) * D * S_pad, S, S_pad, scale, mp ? mp + n * S : nullptr,
-                            p.data());
-          softmax_values<kD>(D, S, [&](int64_t s) { return vh + s * D; }, p.data(), op + (r * H + h) * D);
+          if constexpr (decltype(kD)::value > 0) {
+            const float* q_rows[kSourceGroup];
+            float* out_rows[kSourceGroup];
+            for (int64_t i = 0; i < g; ++i) {
+              q_rows[i] = qp + (r + i) * q_row + h * D;
+              out_rows[i] = op + ((r + i) * H + h) * D;
+            }
+            constexpr int64_t kd = decltype(kD)::value;
+            switch (g) {
+              case 4: source_group<kd, 4>(q_rows, kh, vh, S, S_pad, scale, allowed, p.data(), out_rows); continue;
+              case 3: source_group<kd, 3>(q_rows, kh, vh, S, S_pad, scale, allowed, p.data(), out_rows); continue;
+              case 2: source_group<kd, 2>(q_rows, kh, vh, S, S_pad, scale, allowed, p.data(), out_rows); continue;
+              default: break;
+            }
+          }
+          const float m = source_scores<kD>(qp + r * q_row + h * D, D, kh, S, S_pad, scale, allowed, p.data());
+          softmax_values<kD>(D, S, [&](int64_t s) { return vh + s * D; }, p.data(), op + (r * H + h) * D, m);
         }
+        r += g;
       }
     });
   });
