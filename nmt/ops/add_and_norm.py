@@ -27,12 +27,12 @@ from nmt.ops.native import loaded
 _NONE = torch.empty(0)
 """No bias, or no norm, for the C++ call."""
 
+
 def add_and_norm(y: Tensor, bias: Optional[Tensor], x: Tensor, norm: Optional[nn.LayerNorm]) -> Tensor:
     """y := norm(x + y + bias) (post-LN), or x + y + bias where `norm` is None (pre-LN), in place:
     y (rows, d_model) contiguous, a sublayer's last product without its bias; returns y."""
-    empty = _NONE
-    loaded().add_and_norm_(y, empty if bias is None else bias, x, empty if norm is None else norm.weight,
-                           empty if norm is None else norm.bias, 0.0 if norm is None else norm.eps, norm is not None)
+    loaded().add_and_norm_(y, _NONE if bias is None else bias, x, _NONE if norm is None else norm.weight,
+                           _NONE if norm is None else norm.bias, 0.0 if norm is None else norm.eps, norm is not None)
     return y
 
 

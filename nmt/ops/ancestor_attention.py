@@ -95,8 +95,7 @@ class AncestorDecoderState(DecoderState):
                 if self.memory_mask is not None:
                     self.memory_mask = self.memory_mask.index_select(0, live)
                 self.sentences = torch.arange(live.numel())
-        for cache in self.caches:
-            self.spare = cache.reorder(rows, self.spare)
+        super().reorder(rows)  # the caches
 
 
 class AncestorSelfAttentionCache:

@@ -89,8 +89,8 @@ class PackedSelfAttentionCache:
 
 
 def packed_decode_step_hidden(model: Transformer, tokens: Tensor, state: DecoderState) -> Tensor:
-    """`Transformer.decode_step_hidden` for a state of `PackedSelfAttentionCache`s (or of
-    `nmt.ops.ancestor_attention.AncestorSelfAttentionCache`s, where the C++ loop is built): feed one
+    """`Transformer.decode_step_hidden` for a state of `PackedSelfAttentionCache`s, or an
+    `nmt.ops.ancestor_attention.AncestorDecoderState` (where the C++ kernels are built): feed one
     token per row, return the decoder states (rows, d_model) and advance `state`."""
     cfg = model.cfg
     # Dropout(sqrt(d_model) * E[tokens] + PE[step]), dropout off (3.4, 3.5)
@@ -125,12 +125,16 @@ def _add_and_norm(block: Residual, x: Tensor, last: torch.nn.Linear, inner: Call
     """`_sublayer` whose sublayer is `inner(x, *args)` followed by the linear layer `last`: the
     product without its bias, then the bias, the residual sum and (post-LN) the layer norm in
     one pass. (A device's own product, `OneDnnLinear`, adds its bias itself.)"""
-    hidden = inner(_layer_norm(block.norm, x) if block.pre_ln else x, *args)
-    if type(last) is OneDnnLinear:
-        y, bias = last.forward(hidden), None
-    else:
-        y, bias = torch.mm(hidden, last.weight.t()), last.bias
+    y, bias = _product_before_bias(last, inner(_layer_norm(block.norm, x) if block.pre_ln else x, *args))
     return add_and_norm(y, bias, x, None if block.pre_ln else block.norm)
+
+
+def _product_before_bias(linear: torch.nn.Linear, x: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+    """x W^T and the bias still to add to it (None: none, or a device's own product,
+    `OneDnnLinear`, added it already)."""
+    if type(linear) is OneDnnLinear:
+        return linear.forward(x), None
+    return torch.mm(x, linear.weight.t()), linear.bias
 
 
 def _layer_norm(norm: torch.nn.LayerNorm, x: Tensor) -> Tensor:
@@ -200,6 +204,7 @@ def _feed_forward(x: Tensor, ffn: FeedForward, activation: str) -> Tensor:
 
 def _feed_forward_hidden(x: Tensor, ffn: FeedForward, activation: str) -> Tensor:
     """max(0, x W1 + b1) of `_feed_forward`, the ReLU and bias in one pass (`nmt.ops.add_and_norm.bias_relu`)."""
-    if activation == "relu" and type(ffn.fc1) is not OneDnnLinear and ffn.fc1.bias is not None:
-        return bias_relu(torch.mm(x, ffn.fc1.weight.t()), ffn.fc1.bias)
+    if activation == "relu":
+        hidden, bias = _product_before_bias(ffn.fc1, x)
+        return bias_relu(hidden, bias) if bias is not None else hidden.relu_()
     return ACTIVATIONS[activation](ffn.fc1.forward(x))

@@ -40,7 +40,7 @@ _built: dict[str, Any] = {}
 def native_module() -> Optional[Any]:
     """The compiled kernels, built on the first call of a process (cached across processes), or
     None where they cannot be built or NMT_NATIVE_KERNELS=0; a failed build says why once on stderr."""
-    if os.environ.get(DISABLE_ENV, "1") == "0":
+    if _disabled():
         return None
     with _lock:
         if "module" not in _built:
@@ -51,9 +51,11 @@ def native_module() -> Optional[Any]:
 def ready() -> Optional[Any]:
     """The kernels if this process has built or loaded them already, else None: for code that
     may use them but must not start a build (a training run's validation search)."""
-    if os.environ.get(DISABLE_ENV, "1") == "0":
-        return None
-    return _built.get("module")
+    return None if _disabled() else _built.get("module")
+
+
+def _disabled() -> bool:
+    return os.environ.get(DISABLE_ENV, "1") == "0"
 
 
 def loaded() -> Any:

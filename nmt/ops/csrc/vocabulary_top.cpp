@@ -36,6 +36,16 @@ struct Candidate {
   bool beats(const Candidate& other) const { return value > other.value || (value == other.value && token < other.token); }
 };
 
+// c into best[0, w), kept best first by beats(a, b); what falls off the end is dropped.
+template <class T, class Beats>
+inline void insert_best(std::vector<T>& best, const T& c, Beats beats) {
+  const int64_t w = static_cast<int64_t>(best.size());
+  if (!beats(c, best[w - 1])) return;
+  int64_t k = w - 1;
+  for (; k > 0 && beats(c, best[k - 1]); --k) best[k] = best[k - 1];
+  best[k] = c;
+}
+
 }  // namespace
 
 // For each row r of logits (R, V): log P = logits - logsumexp(logits) (log_softmax); values[r]
@@ -83,25 +93,15 @@ void vocabulary_top(const torch::Tensor& logits, torch::Tensor& values, torch::T
       // the w-th largest block maximum: a row's w best logits are at least that, and lie in the
       // blocks whose maxima reach it (the w blocks with the largest maxima have w logits that do)
       std::fill(top_max.begin(), top_max.end(), kNegInf);
-      for (int64_t b = 0; b < n_blocks; ++b) {
-        const float bm = block_max[b];
-        if (bm <= top_max[w - 1]) continue;
-        int64_t k = w - 1;
-        for (; k > 0 && bm > top_max[k - 1]; --k) top_max[k] = top_max[k - 1];
-        top_max[k] = bm;
-      }
+      for (int64_t b = 0; b < n_blocks; ++b) insert_best(top_max, block_max[b], [](float a, float b) { return a > b; });
       const float threshold = n_blocks >= w ? top_max[w - 1] : kNegInf;
       std::fill(best.begin(), best.end(), Candidate{kNegInf, V});
       for (int64_t b = 0; b < n_blocks; ++b) {
         if (block_max[b] < threshold) continue;
         const int64_t lo = b * kBlock, hi = std::min(V, lo + kBlock);
-        for (int64_t j = lo; j < hi; ++j) {  // insertion into the w best so far
-          const Candidate c{(j == pad || j == bos) ? kNegInf : x[j], j};
-          if (!c.beats(best[w - 1])) continue;
-          int64_t k = w - 1;
-          for (; k > 0 && c.beats(best[k - 1]); --k) best[k] = best[k - 1];
-          best[k] = c;
-        }
+        for (int64_t j = lo; j < hi; ++j)
+          insert_best(best, Candidate{(j == pad || j == bos) ? kNegInf : x[j], j},
+                      [](const Candidate& a, const Candidate& b) { return a.beats(b); });
       }
       for (int64_t k = 0; k < w; ++k) {
         vp[r * v_row + k] = best[k].value - lse;
