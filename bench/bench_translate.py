@@ -11,7 +11,7 @@ batch size and split kept: 4096 was its fastest on a Zen 4, 1024 on Sapphire Rap
 how many lines are identical, and the whole `nmt translate` command (wall time, peak RSS) for
 both engines next to a whole standalone CTranslate2 process doing the same work. Every time is
 the best of --repeat runs (2): a shared CPU only ever slows a run down. Standalone CTranslate2 (at
-its best split and batch size) and nmt's engine on it are timed in --rounds (2) alternating rounds
+its best split and batch size) and nmt's engine on it are timed in --rounds (3) alternating rounds
 of processes, and the two whole commands alternately, so that a host whose speed drifts during
 the bench slows both sides alike.
 
@@ -279,7 +279,7 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=8000, help="vocabulary of the random model")
     parser.add_argument("--repeat", type=int, default=2,
                         help="time each nmt measurement N times and keep the fastest (peak RSS: the largest)")
-    parser.add_argument("--rounds", type=int, default=2,
+    parser.add_argument("--rounds", type=int, default=3,
                         help="time standalone CTranslate2 (at its best split and batch size) and nmt's engine on it in N "
                              "alternating rounds of processes, and the whole commands in --repeat x N alternating runs; "
                              "each side keeps its fastest")
