@@ -89,7 +89,8 @@ TRAINING: dict[str, Any] = {
 # spread of repeated runs, so WARMUP stays 400.
 # On the Zen 4 (2 threads, one run each), label smoothing 0.2 gave val 40.21 against 39.08-39.57 in
 # three runs with the paper's 0.1 (test 39.02 against 38.54-38.96), and a joint BPE of 5000 instead
-# of 8000 val 39.51 (inside that spread; VOCAB stays). With AMX (Sapphire Rapids, 29 epochs, the
+# of 8000 val 39.51 (inside that spread; VOCAB stays), and dropout 0.1 val 39.75 against 0.2's 40.03
+# (2026-12-06). With AMX (Sapphire Rapids, 29 epochs, the
 # same batches in both runs) label smoothing 0.2 lost: val 39.85 against 0.1's 40.60 at this row's
 # window, 40.66 against 40.76 at the best window and alpha of each; the AMX row keeps 0.1, and the
 # fp32 row (not compared) the paper's 0.1. Averaging denser checkpoints over the last fifth of
