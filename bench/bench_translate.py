@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DEFAULT_MULTI30K, REPO, matmul_flops, peak_rss_mib, positive_ints, read_lines, write_result  # noqa: E402
+from common import DEFAULT_MULTI30K, REPO, matmul_flops, peak_rss_mib, positive_int, positive_ints, read_lines, write_result  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 
@@ -277,9 +277,9 @@ def main() -> None:
     parser.add_argument("--amp", default="auto")
     parser.add_argument("--archs", default="mini,small", help="architectures of the random models, comma-separated")
     parser.add_argument("--vocab-size", type=int, default=8000, help="vocabulary of the random model")
-    parser.add_argument("--repeat", type=int, default=2,
+    parser.add_argument("--repeat", type=positive_int, default=2,
                         help="time each nmt measurement N times and keep the fastest (peak RSS: the largest)")
-    parser.add_argument("--rounds", type=int, default=3,
+    parser.add_argument("--rounds", type=positive_int, default=3,
                         help="time standalone CTranslate2 (at its best split and batch size) and nmt's engine on it in N "
                              "alternating rounds of processes, and the whole commands in --repeat x N alternating runs; "
                              "each side keeps its fastest")

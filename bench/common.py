@@ -39,6 +39,13 @@ def positive_ints(text: str) -> list[int]:
     return values
 
 
+def positive_int(text: str) -> int:
+    """An argparse type for one positive integer, with the same one-line error as `positive_ints`."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
 def matmul_flops(dtype: torch.dtype = torch.float32, n: int = 2048, budget_s: float = 3.0, device: str = "cpu") -> float:
     """Best FLOP/s of an n x n x n matrix product with PyTorch's current thread count.
 
