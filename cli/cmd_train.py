@@ -13,7 +13,7 @@ from nmt_cli.dataclass_options import dataclass_parameters, with_parameters
 
 PANELS = {
     "Model": {"arch", "d_model", "d_ff", "n_heads", "encoder_layers", "decoder_layers", "dropout", "attention_dropout",
-              "relu_dropout", "activation", "max_positions", "share_all_embeddings", "share_decoder_input_output_embed", "pre_ln",
+              "relu_dropout", "dropout_src", "dropout_trg", "activation", "max_positions", "share_all_embeddings", "share_decoder_input_output_embed", "pre_ln",
               "positions_layout", "output_bias"},
     "Validation and checkpoints": {"validate_interval_updates", "eval_bleu", "save_interval_updates", "save_interval_minutes",
                                    "keep_last", "keep_last_epochs", "epoch_checkpoints", "patience",

@@ -99,7 +99,8 @@ TRAINING: dict[str, Any] = {
 # 40.21 (label smoothing 0.2), 39.76 / 39.22, 39.63 / 39.51; so that row saves every BUDGET/30
 # and averages the last 7. On the AMX row, windows of 5-15 epoch checkpoints (about a minute
 # apart) and alpha 1.6 stayed within -0.10..+0.16 val BLEU of its last 5 of 15, which it keeps;
-# the fp32 row was not compared and keeps the last 3 of 15.
+# the fp32 row was not compared and keeps the last 3 of 15. Also lost on the Zen 4 (val, 2026-12-06, against 40.03):
+# word dropout 0.1 on both sides (39.56), label smoothing 0.3 (39.97), joint BPE 5000 (39.67), 1024-token batches.
 MODEL_CHOICES: dict[str, dict[str, Any]] = {
     "amx": {"ARCH": "small", "DROPOUT": 0.2, "LABEL_SMOOTHING": 0.1, "SUBWORD_SAMPLES": 30, "AVERAGE_LAST": 5,
             "SAVE_INTERVALS": 15},

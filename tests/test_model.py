@@ -80,6 +80,34 @@ def test_shared_embeddings_are_one_matrix_scaled_by_sqrt_d_model():
     assert separate.output_weight is separate.tgt_embed.weight
 
 
+def test_word_dropout_zeroes_whole_token_embeddings_at_rate_p_and_scales_the_rest():
+    from nmt.model.transformer import word_dropout
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 50, 16, requires_grad=True)
+    y = word_dropout(x, 0.25, True)
+    dropped = y.eq(0).all(-1)  # (64, 50): whole embeddings, never single dimensions
+    assert torch.equal(y.eq(0), dropped[..., None].expand_as(y))
+    assert dropped.float().mean().item() == pytest.approx(0.25, abs=0.02)
+    assert torch.allclose(y[~dropped], x[~dropped] / 0.75)
+    y.sum().backward()
+    assert torch.equal(x.grad.eq(0).all(-1), dropped)
+    assert torch.equal(word_dropout(x, 0.25, False), x) and torch.equal(word_dropout(x, 0.0, True), x)
+
+
+def test_source_and_target_word_dropout_act_in_training_only_and_each_on_its_own_side():
+    src = torch.randint(4, 50, (8, 9))
+    prev = torch.randint(4, 50, (8, 7))
+    plain = _tiny(dropout=0.0)  # the same weights as every model below: _tiny seeds before building
+    with torch.no_grad():
+        enc, dec = plain.encode(src), plain.decode_hidden(prev, plain.encode(src))
+        assert torch.equal(plain(src, prev), _tiny(dropout=0.0, dropout_src=0.5, dropout_trg=0.5)(src, prev))  # eval: none
+        for side in ("src", "trg"):
+            model = _tiny(dropout=0.0, **{f"dropout_{side}": 0.5}).train()
+            assert torch.equal(model.encode(src).states, enc.states) == (side == "trg")
+            assert torch.equal(model.decode_hidden(prev, enc), dec) == (side == "src")
+
+
 def test_label_smoothing_equals_a_hand_computation():
     logits = torch.tensor([[2.0, 0.5, -1.0, 0.0], [0.1, 0.2, 0.3, 0.4]])
     target = torch.tensor([0, 3])

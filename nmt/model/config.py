@@ -51,6 +51,8 @@ class TransformerConfig:
     dropout: float = _f(0.1, "Residual dropout P_drop on sublayer outputs and on embeddings + positions (5.4; paper: 0.1 base, 0.3 big En-De).")
     attention_dropout: float = _f(0.0, "Dropout on attention weights (not in the paper; a fairseq/t2t option).")
     relu_dropout: float = _f(0.0, "Dropout after the activation of the feed-forward network (not in the paper).")
+    dropout_src: float = _f(0.0, "Source word dropout: in training, each source token's whole embedding is zeroed with this probability and the rest scaled by 1/(1-p), before positions are added (not in the paper; Marian's --dropout-src, for small corpora).")
+    dropout_trg: float = _f(0.0, "Target word dropout: the same for the decoder's input tokens (Marian's --dropout-trg).")
     activation: str = _f("relu", "Activation of the feed-forward network: relu (the paper, 3.3), swish (x * sigmoid(x), SiLU: Marian / OPUS-MT) or gelu (exact, erf).")
     max_positions: int = _f(1024, "Longest sequence in subword tokens, eos included; longer training pairs are skipped and counted.")
     share_all_embeddings: bool = _f(True, "One matrix for source embeddings, target embeddings and pre-softmax projection (3.4); needs a joint vocabulary.")
@@ -69,6 +71,7 @@ class TransformerConfig:
         "d_model": Range(1, 2**15), "d_ff": Range(1, 2**18), "n_heads": Range(1, 1024),
         "encoder_layers": Range(1, 1024), "decoder_layers": Range(1, 1024),
         "dropout": FRACTION, "attention_dropout": FRACTION, "relu_dropout": FRACTION,
+        "dropout_src": FRACTION, "dropout_trg": FRACTION,
         "max_positions": Range(1, 2**16),  # subword tokens of one sentence; the sinusoids are a table of them
         "pad_id": Range(0, 2**31), "unk_id": Range(0, 2**31), "bos_id": Range(0, 2**31), "eos_id": Range(0, 2**31),
     }
@@ -111,7 +114,7 @@ VOCAB_FIELDS = ("src_vocab_size", "tgt_vocab_size", "pad_id", "unk_id", "bos_id"
 
 # Architectures by name: plain builders, not a registry (torchtune style).
 # Fields of TransformerConfig that change training, not the shape or meaning of the weights.
-NON_ARCHITECTURE_FIELDS = frozenset({"dropout", "attention_dropout", "relu_dropout"})
+NON_ARCHITECTURE_FIELDS = frozenset({"dropout", "attention_dropout", "relu_dropout", "dropout_src", "dropout_trg"})
 
 
 def architecture(config: dict[str, Any]) -> dict[str, Any]:

@@ -203,6 +203,17 @@ class DecoderLayer(nn.Module):
         return self.cross_attn.attention_weights(h, memory_kv, memory_mask)
 
 
+def word_dropout(embeddings: Tensor, p: float, training: bool) -> Tensor:
+    """Word dropout: each token's whole embedding (B, T, d) zeroed with probability p, the
+    others scaled by 1 / (1 - p), in training only. Not in the paper: Marian's --dropout-src /
+    --dropout-trg, one of the regularisers Sennrich & Zhang (2019) found to pay on small
+    corpora. The positional encoding added after it is kept, so the model still sees where a
+    dropped word was."""
+    if not training or p == 0.0:
+        return embeddings
+    return embeddings * F.dropout(embeddings.new_ones(embeddings.shape[:-1] + (1,)), p, True)
+
+
 class EncoderOut(NamedTuple):
     states: Tensor  # (B, S, d_model)
     attn_mask: Optional[Tensor]  # (B, 1, 1, S) bool, True where attention is allowed
@@ -242,10 +253,11 @@ class Transformer(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
 
     # -- embeddings ---------------------------------------------------------------------
-    def _embed(self, table: nn.Embedding, tokens: Tensor, start: int = 0) -> Tensor:
-        """Dropout(sqrt(d_model) * E[tokens] + PE[positions])  (Sections 3.4, 3.5, 5.4)."""
+    def _embed(self, table: nn.Embedding, tokens: Tensor, start: int = 0, word_dropout_p: float = 0.0) -> Tensor:
+        """Dropout(sqrt(d_model) * E[tokens] + PE[positions])  (Sections 3.4, 3.5, 5.4), with
+        whole token embeddings dropped at `word_dropout_p` in training (`word_dropout`)."""
         T = tokens.size(1)
-        x = table(tokens) * self.embed_scale + self.positions[start : start + T]
+        x = word_dropout(table(tokens), word_dropout_p, self.training) * self.embed_scale + self.positions[start : start + T]
         return self.dropout(x)
 
     @property
@@ -261,7 +273,7 @@ class Transformer(nn.Module):
     def encode(self, src_tokens: Tensor) -> EncoderOut:
         """src_tokens: (B, S) right-padded with cfg.pad_id, eos-terminated."""
         attn_mask = self.source_mask(src_tokens)
-        x = self._embed(self.src_embed, src_tokens)
+        x = self._embed(self.src_embed, src_tokens, word_dropout_p=self.cfg.dropout_src)
         for layer in self.encoder_layers:
             x = layer(x, attn_mask)
         if self.encoder_norm is not None:
@@ -271,7 +283,7 @@ class Transformer(nn.Module):
     # -- decoder ------------------------------------------------------------------------
     def decode_hidden(self, prev_tokens: Tensor, enc: EncoderOut) -> Tensor:
         """Teacher-forced decoder states (B, T, d_model) for bos-prefixed target prefixes."""
-        x = self._embed(self.tgt_embed, prev_tokens)
+        x = self._embed(self.tgt_embed, prev_tokens, word_dropout_p=self.cfg.dropout_trg)
         for layer in self.decoder_layers:
             x = layer(x, layer.cross_attn.project_kv(enc.states), enc.attn_mask)
         if self.decoder_norm is not None:
