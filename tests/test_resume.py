@@ -134,9 +134,7 @@ def test_train_with_no_flags_continues_a_run_with_its_recorded_settings(prepared
 
 def test_word_dropout_is_recorded_and_a_changed_value_applies_on_resume(prepared, tmp_path):  # noqa: F811
     run = fresh_copy(prepared, tmp_path / "run")
-    first = run_nmt("train", "-r", run, "--arch", "tiny", "--max-tokens", "192", "--lr", "2e-3", "--warmup", "7",
-                    "--threads", "1", "--no-progress-bar", "--max-update", "4", "--save-interval-minutes", "0",
-                    "--dropout-src", "0.1", "--dropout-trg", "0.2")
+    first = run_nmt("train", "-r", run, *TINY, "--max-update", "4", "--dropout-src", "0.1", "--dropout-trg", "0.2")
     assert first.returncode == 0, first.stderr
     model = load_checkpoint(run / "checkpoints/checkpoint_last.pt")["config"]
     assert (model["dropout_src"], model["dropout_trg"]) == (0.1, 0.2)
