@@ -211,7 +211,7 @@ def word_dropout(embeddings: Tensor, p: float, training: bool) -> Tensor:
     dropped word was."""
     if not training or p == 0.0:
         return embeddings
-    return embeddings * F.dropout(embeddings.new_ones(embeddings.shape[:-1] + (1,)), p, True)
+    return F.dropout1d(embeddings, p, True)  # (N, C, L) = (B, T, d): channel t of sentence b is one token
 
 
 class EncoderOut(NamedTuple):
