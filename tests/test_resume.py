@@ -16,7 +16,7 @@ import torch
 
 from conftest import assert_one_line_error, run_nmt, start_nmt, wait_until
 from nmt.run.checkpoint import load_checkpoint
-from nmt.train.schedule import paper_lr, peak_lr
+from nmt.train.schedule import cooldown, paper_lr, peak_lr
 from test_train import TINY, fresh_copy, prepared  # noqa: F401  (fixture)
 
 
@@ -173,8 +173,9 @@ def test_the_hint_for_a_damaged_last_checkpoint_names_one_that_loads(prepared, t
     assert load_checkpoint(last)["train_state"]["update"] == 9
 
 
-def test_ctrl_c_saves_the_update_reached_and_a_rerun_continues_exactly(prepared, tmp_path):  # noqa: F811
-    args = [*TINY, "--max-update", "40", "--seed", "4", "--log-interval", "1", "--save-interval-updates", "25"]
+@pytest.mark.parametrize("schedule", [[], ["--lr-cooldown", "0.5"]], ids=["inverse-sqrt", "cooldown"])
+def test_ctrl_c_saves_the_update_reached_and_a_rerun_continues_exactly(prepared, tmp_path, schedule):  # noqa: F811
+    args = [*TINY, "--max-update", "40", "--seed", "4", "--log-interval", "1", "--save-interval-updates", "25", *schedule]
     once = fresh_copy(prepared, tmp_path / "once")
     assert run_nmt("train", "-r", once, *args).returncode == 0
 
@@ -197,7 +198,7 @@ def test_ctrl_c_saves_the_update_reached_and_a_rerun_continues_exactly(prepared,
     assert [u for kind, u, _, _ in logged(run) if kind == "train"] == list(range(1, 41))
 
 
-@pytest.mark.parametrize("flag, value", [("--warmup", "-10"), ("--dropout", "1.5"), ("--adam-beta2", "1.5"),
+@pytest.mark.parametrize("flag, value", [("--warmup", "-10"), ("--dropout", "1.5"), ("--adam-beta2", "1.5"), ("--lr-cooldown", "1.5"),
                                          ("--d-model", "0"), ("--label-smoothing", "1.5"), ("--max-tokens", "0")])
 def test_numeric_flags_outside_their_meaning_are_one_line(prepared, tmp_path, flag, value):  # noqa: F811
     run = fresh_copy(prepared, tmp_path / "run")
@@ -211,6 +212,41 @@ def test_warmup_zero_means_no_warmup(prepared, tmp_path):  # noqa: F811
     assert proc.returncode == 0, proc.stderr
     lrs = [r["lr"] for r in train_records(run) if r["kind"] == "train"]
     assert lrs == pytest.approx([1e-3, 1e-3 / 2**0.5, 1e-3 / 3**0.5])
+
+
+def test_lr_cooldown_decays_the_rate_linearly_to_zero_over_the_last_fraction_of_the_run(prepared, tmp_path):  # noqa: F811
+    run = fresh_copy(prepared, tmp_path / "run")
+    proc = run_nmt("train", "-r", run, *TINY[:-2], "--warmup", "4", "--lr", "1e-3", "--max-update", "10",
+                   "--lr-cooldown", "0.5", "--log-interval", "1")
+    assert proc.returncode == 0, proc.stderr
+    lrs = {r["update"]: r["lr"] for r in train_records(run) if r["kind"] == "train"}
+    # Update u runs at how far the run was before it, (u - 1) / 10: the schedule's own rate up
+    # to half way, then 0.8, 0.6, 0.4, 0.2 of it.
+    assert [lrs[u] / peak_lr(u, 1e-3, 4) for u in range(1, 11)] == pytest.approx([1] * 6 + [0.8, 0.6, 0.4, 0.2])
+
+
+def test_lr_cooldown_under_max_time_follows_the_training_clock(prepared, tmp_path):  # noqa: F811
+    run = fresh_copy(prepared, tmp_path / "run")
+    proc = run_nmt("train", "-r", run, *TINY[:-2], "--warmup", "0", "--lr", "1e-3", "--max-time", "4s",
+                   "--lr-cooldown", "1", "--log-interval", "1")
+    assert proc.returncode == 0, proc.stderr
+    records = [r for r in train_records(run) if r["kind"] == "train"]
+    assert len(records) >= 3
+    # Without warmup the schedule's rate is 1e-3 / sqrt(u); the factor left is 1 - clock / 4 s.
+    factors = [r["lr"] / (1e-3 * r["update"] ** -0.5) for r in records]
+    assert all(0.0 <= f <= 1.0 for f in factors) and factors == sorted(factors, reverse=True)
+    assert factors[-1] < factors[0]
+
+
+def test_lr_cooldown_needs_a_run_length(prepared, tmp_path):  # noqa: F811
+    run = fresh_copy(prepared, tmp_path / "run")
+    assert_one_line_error(run_nmt("train", "-r", run, *TINY, "--lr-cooldown", "0.2"), "--max-update or --max-time")
+    assert not (run / "checkpoints").exists()
+
+
+def test_cooldown_factor():
+    assert [cooldown(p, 0.25) for p in (0.0, 0.5, 0.75, 0.875, 1.0, 1.2)] == pytest.approx([1, 1, 1, 0.5, 0, 0])
+    assert cooldown(0.99, 0.0) == 1.0
 
 
 def test_fine_tuning_from_another_model_is_one_line(prepared, tmp_path):  # noqa: F811

@@ -66,6 +66,7 @@ class TrainConfig:
     warmup: int = setting(4000, "Warmup steps of the schedule (paper 5.3: 4000); 0 = no warmup (the inverse square root decay from step 1).")
     lr_scale: float = setting(1.0, "Multiplier on the paper's lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).")
     lr: Optional[float] = setting(None, "fairseq-style peak learning rate reached at the end of warmup (inverse_sqrt); replaces the paper's formula.")
+    lr_cooldown: float = setting(0.0, "Decay the rate linearly to 0 over the last FRACTION of the run, which ends at the nearer of --max-update and --max-time (the training clock): the cooldown of warmup-stable-decay schedules (Hagele et al. 2024), on top of either form above; 0 = off (the paper: the inverse square root to the end). Under --max-time the rates follow the clock, so a run stopped and resumed takes the rates of its own clock, not those of an unbroken run.")
     adam_beta1: float = setting(0.9, "Adam beta1 (paper: 0.9).")
     adam_beta2: float = setting(0.98, "Adam beta2 (paper: 0.98).")
     adam_eps: float = setting(1e-9, "Adam epsilon (paper: 1e-9).")
@@ -137,7 +138,7 @@ class TrainConfig:
         "max_tokens": Range(8, INT32_MAX), "update_freq": POSITIVE,
         # Padding every batch to a multiple wider than any sentence only wastes the batch.
         "required_seq_len_multiple": Range(1, 1024), "required_batch_size_multiple": Range(1, 1024),
-        "label_smoothing": FRACTION, "warmup": COUNT,
+        "label_smoothing": FRACTION, "warmup": COUNT, "lr_cooldown": Range(0.0, 1.0),  # 1: the whole run
         # An Adam rate above 1 is a typo (5e4 for 5e-4); the paper's formula peaks near 1e-3.
         "lr_scale": Range(0.0, 100.0, low_open=True), "lr": Range(0.0, 1.0, low_open=True),
         "adam_beta1": FRACTION, "adam_beta2": FRACTION, "adam_eps": Range(0.0, 1.0, low_open=True),
@@ -162,6 +163,8 @@ class TrainConfig:
             raise NmtError(f"unknown --device {self.device!r}; choose auto, cpu or cuda")
         if self.lr is not None and self.lr_scale != 1.0:
             raise NmtError("--lr and --lr-scale are two ways to set the rate; give only one")
+        if self.lr_cooldown and not (self.max_update or self.max_time):
+            raise NmtError("--lr-cooldown is a fraction of the run: give --max-update or --max-time too, or drop it")
         if (self.tensorboard or self.tensorboard_logdir) and importlib.util.find_spec("tensorboard") is None:
             raise NmtError("--tensorboard needs the tensorboard package: pip install 'nmt[tensorboard]' "
                            "(make install installs it), or drop the flag")

@@ -49,7 +49,8 @@ from nmt.model.config import NMT_SPECIAL_IDS, SpecialIds, TransformerConfig, arc
 from nmt.train.precision import Precision
 from nmt.run.directory import RunDir
 from nmt.run.lock import RunLock, command_line
-from nmt.train.schedule import learning_rate
+from nmt.train.schedule import cooldown, learning_rate
+from nmt.train.progress import fraction_done, limits_of
 from nmt.train.state import TrainState
 from nmt.train.config import MODEL_FIELDS, ModelSettings, TrainConfig
 from nmt.train.log import LN2, TrainLogger, log_offsets, restore_logs, truncate_logs
@@ -323,7 +324,13 @@ class Trainer:
 
     # -- the loop -----------------------------------------------------------------------
     def lr_at(self, update: int) -> float:
-        return learning_rate(update - self.state.lr_offset, self.model_cfg.d_model, self.cfg.warmup, self.cfg.lr_scale, self.cfg.lr)
+        """The rate of `update`: the schedule at update - lr_offset, times --lr-cooldown's factor
+        at how far the run had come before this update (updates done, training clock)."""
+        rate = learning_rate(update - self.state.lr_offset, self.model_cfg.d_model, self.cfg.warmup, self.cfg.lr_scale, self.cfg.lr)
+        if self.cfg.lr_cooldown:
+            done = fraction_done(limits_of(self.cfg), update - 1, self.state.train_time) or 0.0
+            rate *= cooldown(done, self.cfg.lr_cooldown)
+        return rate
 
     def collate(self, src: TokenArray, tgt: TokenArray, ids: np.ndarray) -> Batch:
         """One training batch as tensors, padded to --required-seq-len-multiple."""
