@@ -101,8 +101,9 @@ def test_multi30k_recipe_runs_the_whole_chain_and_a_second_run_does_not_retrain(
     assert isinstance(summary["valid_bleu"], float) and (run / "valid.hyp.de").read_text(encoding="utf-8").count("\n") == 1014
     # ARCH was given, DROPOUT and LABEL_SMOOTHING left to the machine: the choice says which rule applied and why
     choice = summary["choice"]
-    assert choice["auto"] == ["DROPOUT", "LABEL_SMOOTHING", "SAVE_INTERVALS"] and choice["arch"] == "tiny" and choice["precision"] == "none"
-    assert choice["dropout"] == 0.1 and choice["label_smoothing"] == 0.1
+    assert choice["auto"] == ["DROPOUT", "LABEL_SMOOTHING", "VOCAB_TYPE", "SAVE_INTERVALS"] and choice["arch"] == "tiny" and choice["precision"] == "none"
+    assert choice["dropout"] == 0.1 and choice["label_smoothing"] == 0.1 and choice["vocab_type"] == "bpe"
+    assert " --vocab-type bpe " in first.stdout
     assert summary["settings"]["DROPOUT"] == choice["dropout"] and "bf16 matrix units" in choice["machine"]
     assert "chose arch tiny, dropout 0.1, label smoothing 0.1" in first.stdout and "--label-smoothing 0.1" in first.stdout
 
@@ -397,14 +398,16 @@ def test_recipe_settings_come_from_the_environment_with_the_defaults_type():
         settings_from_env(defaults, {"WARMUP": "many"})
 
 
-@pytest.mark.parametrize("flags, rule, samples, smoothing, average, intervals",
-                         [("avx512_bf16, amx_bf16", "amx", 30, 0.1, 5, 15), ("avx512_bf16", "avx512-bf16", 0, 0.2, 7, 30)])
+@pytest.mark.parametrize("flags, rule, samples, smoothing, average, intervals, vocab_type",
+                         [("avx512_bf16, amx_bf16", "amx", 30, 0.1, 5, 15, "bpe"),
+                          ("avx512_bf16", "avx512-bf16", 0, 0.2, 7, 30, "unigram")])
 def test_multi30k_subword_sampling_is_chosen_by_the_kind_of_bf16_cpu(monkeypatch, flags: str, rule: str, samples: int,
-                                                                     smoothing: float, average: int, intervals: int):
+                                                                     smoothing: float, average: int, intervals: int,
+                                                                     vocab_type: str):
     """AMX CPUs (30+ epochs in the budget) get source-side subword sampling and average the last
     5 of 15 interval checkpoints; AVX512-BF16 CPUs without AMX (about 15 epochs, where sampling
     lost on val) do not sample, and take label smoothing 0.2 and the last 7 of 30 (which won on
-    val there)."""
+    val there, with a unigram vocabulary)."""
     import importlib.util
 
     import nmt.device
@@ -421,4 +424,4 @@ def test_multi30k_subword_sampling_is_chosen_by_the_kind_of_bf16_cpu(monkeypatch
     choice = recipe.choose_model(s)
     assert choice["rule"] == rule and choice["precision"] == "bf16" and choice["arch"] == "small"
     assert s["SUBWORD_SAMPLES"] == samples and s["LABEL_SMOOTHING"] == smoothing
-    assert s["AVERAGE_LAST"] == average and s["SAVE_INTERVALS"] == intervals
+    assert s["AVERAGE_LAST"] == average and s["SAVE_INTERVALS"] == intervals and s["VOCAB_TYPE"] == vocab_type
