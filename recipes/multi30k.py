@@ -104,12 +104,9 @@ TRAINING: dict[str, Any] = {
 # word dropout 0.1 on both sides (39.56), label smoothing 0.3 (39.97), joint BPE 5000 (39.67), 1024-token batches;
 # and against the four defaults runs' mean val 40.20: label smoothing 0.3 with BPE 5000 (39.54), dropout 0.3
 # (39.15), 8 heads (39.65), 4+2 layers (behind in val NLL all along); beam 6 and alpha 1.6 moved val by under 0.2.
-# A linear cooldown of the rate to 0 over the last 25% / 50% of the budget (--lr-cooldown) lowered the val loss, not
-# val BLEU (39.90 / 40.01). Alpha 1.8 with outputs capped at 1.2 x source + 10 gained val (+0.28 over nine models) and
-# lost test (-0.58): val's references are longer than train's and test's, so LENPEN stays 1.4 (docs/recipes.md).
-# A joint SentencePiece unigram vocabulary (8000) instead of BPE reached val 40.68 on the Zen 4, above all four BPE
-# defaults runs (39.97-40.59; test 39.37 against 38.91-39.25, one run, 2026-12-06): that row takes unigram. The AMX row's
-# sampling is BPE-dropout, tuned as such, and the fp32 row was not compared: both keep BPE.
+# Zen 4, later that day (docs/recipes.md): a unigram vocabulary won on val (40.68 against BPE's 39.97-40.59), so that
+# row takes it (AMX samples with BPE-dropout and keeps BPE; fp32 was not compared); --lr-cooldown 0.25/0.5 lowered val
+# loss, not val BLEU; alpha 1.8 with a length cap won val and lost test (val's references run longer): LENPEN stays.
 MODEL_CHOICES: dict[str, dict[str, Any]] = {
     "amx": {"ARCH": "small", "DROPOUT": 0.2, "LABEL_SMOOTHING": 0.1, "VOCAB_TYPE": "bpe", "SUBWORD_SAMPLES": 30,
             "AVERAGE_LAST": 5, "SAVE_INTERVALS": 15},

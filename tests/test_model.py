@@ -13,7 +13,7 @@ from conftest import run_nmt
 from nmt.train.loss import label_smoothed_nll_loss
 from nmt.model.transformer import Transformer
 from nmt.model.config import build_config
-from nmt.train.schedule import learning_rate, paper_lr, peak_lr
+from nmt.train.schedule import cooldown, learning_rate, paper_lr, peak_lr
 from nmt.data.tokenizer import BOS_ID, EOS_ID
 
 
@@ -28,6 +28,11 @@ def test_fairseq_peak_form_peaks_at_warmup_and_decays_as_inverse_sqrt():
     assert peak_lr(2000, 1e-3, 4000) == pytest.approx(5e-4)
     assert peak_lr(16000, 1e-3, 4000) == pytest.approx(5e-4)
     assert learning_rate(10, 512, 4000, lr_scale=2.0) == pytest.approx(2 * paper_lr(10, 512, 4000))
+
+
+def test_cooldown_factor():
+    assert [cooldown(p, 0.25) for p in (0.0, 0.5, 0.75, 0.875, 1.0, 1.2)] == pytest.approx([1, 1, 1, 0.5, 0, 0])
+    assert cooldown(0.99, 0.0) == 1.0
 
 
 def test_archs_parameter_counts_match_the_paper():

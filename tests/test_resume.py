@@ -16,7 +16,7 @@ import torch
 
 from conftest import assert_one_line_error, run_nmt, start_nmt, wait_until
 from nmt.run.checkpoint import load_checkpoint
-from nmt.train.schedule import cooldown, paper_lr, peak_lr
+from nmt.train.schedule import paper_lr, peak_lr
 from test_train import TINY, fresh_copy, prepared  # noqa: F401  (fixture)
 
 
@@ -242,11 +242,6 @@ def test_lr_cooldown_needs_a_run_length(prepared, tmp_path):  # noqa: F811
     run = fresh_copy(prepared, tmp_path / "run")
     assert_one_line_error(run_nmt("train", "-r", run, *TINY, "--lr-cooldown", "0.2"), "--max-update or --max-time")
     assert not (run / "checkpoints").exists()
-
-
-def test_cooldown_factor():
-    assert [cooldown(p, 0.25) for p in (0.0, 0.5, 0.75, 0.875, 1.0, 1.2)] == pytest.approx([1, 1, 1, 0.5, 0, 0])
-    assert cooldown(0.99, 0.0) == 1.0
 
 
 def test_fine_tuning_from_another_model_is_one_line(prepared, tmp_path):  # noqa: F811
