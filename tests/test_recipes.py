@@ -97,7 +97,11 @@ def test_multi30k_recipe_runs_the_whole_chain_and_a_second_run_does_not_retrain(
     assert summary["updates"] == 240
     assert summary["train_time_s"] > 0 and summary["target_tokens_per_s"] > 0
     assert len(summary["averaged_from"]) == 3
-    assert f"BLEU  {summary['bleu']:6.2f}  {summary['bleu_signature']}" in first.stdout
+    assert f"BLEU  {summary['bleu']:6.2f}  {summary['bleu_signature']}  (length ratio {summary['length_ratio']:.3f})" in first.stdout
+    # output length against the reference, test and val side by side (their references differ in length)
+    test_score = json.loads((run / "test.score.json").read_text(encoding="utf-8"))
+    assert summary["length_ratio"] == round(test_score["hyp_len"] / test_score["ref_len"], 3) > 0
+    assert f"length ratio {summary['valid_length_ratio']:.3f} (the split settings are chosen on)" in first.stdout
     assert isinstance(summary["valid_bleu"], float) and (run / "valid.hyp.de").read_text(encoding="utf-8").count("\n") == 1014
     # ARCH was given, DROPOUT and LABEL_SMOOTHING left to the machine: the choice says which rule applied and why
     choice = summary["choice"]
