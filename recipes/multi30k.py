@@ -39,10 +39,13 @@ TRAINING: dict[str, Any] = {
     "ARCH": "auto",                # `nmt archs`, or auto (see MODEL_CHOICES)
     "VOCAB": 8000,                 # joint vocabulary size (nmt preprocess --vocab-size)
     "VOCAB_TYPE": "auto",          # bpe or unigram (SentencePiece; nmt preprocess --vocab-type), or auto (see MODEL_CHOICES)
-    # Subword regularization (BPE-dropout) of the source side, one sampled segmentation per
-    # epoch, or auto (see MODEL_CHOICES). Sampling the target side too lost on val every time.
+    # Subword regularization of the source side (BPE-dropout with a bpe vocabulary, Kudo's sampling
+    # with a unigram one), one sampled segmentation per epoch, or auto (see MODEL_CHOICES). Sampling
+    # the target side too lost on val every time.
     "SUBWORD_SAMPLES": "auto",     # sampled segmentations of the training set (--subword-samples; 0 = off), or auto
-    "SUBWORD_ALPHA": 0.1,          # probability of dropping a merge (--subword-alpha; Provilkov et al. 2020: 0.1)
+    # --subword-alpha, whose meaning follows VOCAB_TYPE: bpe: the probability of dropping a merge (Provilkov et al.
+    # 2020: 0.1); unigram: the sampling's smoothing, where 0.1 is very flat (0.5 gave 1.03x the source tokens here)
+    "SUBWORD_ALPHA": 0.1,
     "SUBWORD_SIDES": "source",     # sampled sides: source or both (--subword-sides)
     "MAX_TOKENS": 2048,            # tokens per batch and side, padding included (--max-tokens)
     "UPDATE_FREQ": 1,              # batches accumulated per update (--update-freq)
