@@ -8,15 +8,17 @@ TORCH_REQ ?= torch
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test bench bench-preprocess bench-train bench-train-gpu bench-translate bench-decoder-ops bench-decoder-profile bench-scale bench-serve bench-constraints bench-alignment recipe-multi30k recipe-wmt14-ende clean
+.PHONY: install test bench bench-preprocess bench-train bench-train-gpu bench-translate bench-decoder-ops bench-decoder-profile bench-scale bench-serve bench-constraints bench-constraint-cost bench-alignment recipe-multi30k recipe-wmt14-ende clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH_REQ)"
+	@echo "installing $(TORCH_REQ) into $(VENV): PyTorch's CUDA build (the default 'torch') is about 3 GB to download"
+	$(BIN)/python -m pip install --progress-bar on "$(TORCH_REQ)"
 	$(BIN)/python -m pip install --quiet -e ".[test,plot,tensorboard,ct2,serve,serve-test]"
+	$(BIN)/python -m nmt.ops.native  # the C++ decoder kernels, where a compiler and ninja are present
 	touch $(STAMP)
 
 # Test files are spread over TEST_WORKERS processes (pytest-xdist; a file's tests stay together,
@@ -72,6 +74,11 @@ bench-constraints: install
 	$(BIN)/python bench/bench_constraints.py $(RUN)
 
 # Alignment error rate of --print-alignment per decoder layer, on 29 hand-aligned Multi30k pairs.
+# The constrained search's cost per phrase: one sentence at beam 16 with 0, 1, 4, 16 and 62 one-word
+# phrases, on a random tiny model (RUN=... times a trained one).
+bench-constraint-cost: install
+	$(BIN)/python bench/bench_constraints.py $(if $(filter-out runs/multi30k-en-de,$(RUN)),$(RUN)) --phrase-cost
+
 bench-alignment: install
 	$(BIN)/python bench/alignment_aer.py $(RUN)
 

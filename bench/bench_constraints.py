@@ -1,6 +1,7 @@
 """Decoding with terminology constraints and target prefixes on a trained run, as users run it.
 
     python bench/bench_constraints.py RUN [--lines 1000] [--threads 2] [--multi30k DIR]
+    python bench/bench_constraints.py [RUN] --phrase-cost [--search-module OLD.py]
 
 On test_2016_flickr, each `nmt translate` command is timed whole, in its own process, one at a time:
   - plain: the default search (t2t, beam 4, alpha 0.6);
@@ -12,6 +13,12 @@ On test_2016_flickr, each `nmt translate` command is timed whole, in its own pro
     on every fifth line) with `--engine ctranslate2` (its target_prefix) on the run's export,
     both `--beam-style fairseq --lenpen-style avg`.
 Prints BLEU (sacreBLEU, with its signature), sentences/s and the slowdown; writes a result file.
+
+--phrase-cost times the constrained search's cost per phrase instead: one sentence at beam 16
+with 0, 1, 4, 16 and 62 one-word phrases (0: the plain search, as a line without phrases
+goes), in this process on one thread, on RUN's model or a random tiny one. --search-module
+times another version of nmt/inference/constrained_search.py beside it (a copy of an older
+commit's) and checks that both find the same hypotheses.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -61,13 +70,93 @@ def translate(run: Path, input_path: Path, *flags: str) -> tuple[list[str], floa
     return proc.stdout.splitlines(), seconds
 
 
+PHRASE_COUNTS = (0, 1, 4, 16, 62)
+
+
+def load_search_module(path: Path) -> ModuleType:
+    """A constrained_search.py from a path (another version of the module), imported on its own."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"constrained_search_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def phrase_cost(run: Optional[Path], search_module: Optional[Path], beam: int = 16, repeats: int = 3, seed: int = 0) -> dict:
+    """Seconds of one 25-token sentence (random ids) searched with 0..62 one-word phrases
+    (distinct random target ids), best of `repeats`, per search implementation."""
+    import torch
+
+    from nmt.inference import constrained_search
+    from nmt.inference.beam_search import beam_search
+    from nmt.inference.config import SearchConfig, TranslateConfig
+    from nmt.inference.hypothesis import TargetRequest
+
+    torch.set_num_threads(1)
+    if run is not None:
+        from nmt.inference.translator import load_translator
+
+        model, what = load_translator(run, cfg=TranslateConfig(device="cpu", threads=1)).models[0], f"the model of {run}"
+    else:
+        from nmt.model.config import build_config
+        from nmt.model.transformer import Transformer
+
+        torch.manual_seed(seed)
+        model, what = Transformer(build_config("tiny", 8000, 8000)).eval(), "a random tiny model (8,000 ids)"
+    vocab = model.cfg.tgt_vocab_size
+    rng = random.Random(seed)
+    src = torch.tensor([[rng.randrange(4, vocab) for _ in range(25)] + [model.cfg.special_ids.eos]])
+    words = rng.sample(range(4, vocab), max(PHRASE_COUNTS))
+    cfg = SearchConfig(beam=beam)
+    searches = {"current": constrained_search}
+    if search_module is not None:
+        searches[str(search_module)] = load_search_module(search_module)
+
+    def timed(search, n_phrases: int) -> tuple[float, list]:
+        best, found = float("inf"), None
+        for _ in range(repeats):
+            start = time.perf_counter()
+            if n_phrases == 0:
+                found = beam_search(model, src, cfg)
+            else:
+                found = search.constrained_beam_search(model, src, cfg, [TargetRequest((), tuple((w,) for w in words[:n_phrases]))])
+            best = min(best, time.perf_counter() - start)
+        return best, found
+
+    seconds: dict[str, dict[int, float]] = {}
+    outputs: dict[str, list] = {}
+    for name, search in searches.items():
+        timings = {n: timed(search, n) for n in PHRASE_COUNTS}
+        seconds[name] = {n: t for n, (t, _) in timings.items()}
+        outputs[name] = [found for _, found in timings.values()]
+    print(f"one 25-token sentence, beam {beam}, one thread, best of {repeats}, on {what}; seconds (ratio to 0 phrases)")
+    print("phrases" + "".join(f"  {name}" for name in seconds))
+    for n in PHRASE_COUNTS:
+        print(f"{n:>7}" + "".join(f"  {row[n]:.3f} s ({row[n] / row[0]:.2f}x)" for row in seconds.values()))
+    same = len({repr(o) for o in outputs.values()}) == 1
+    if len(searches) > 1:
+        print(f"same hypotheses and scores from both: {same}")
+    return {"model": what, "beam": beam, "repeats": repeats, "identical_outputs": same,
+            "seconds": {name: {str(n): round(t, 4) for n, t in row.items()} for name, row in seconds.items()},
+            "ratio_to_no_phrases": {name: {str(n): round(t / row[0], 2) for n, t in row.items()} for name, row in seconds.items()}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("run", type=Path)
+    ap.add_argument("run", type=Path, nargs="?", help="a trained run directory (optional with --phrase-cost)")
     ap.add_argument("--lines", type=int, default=1000)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--multi30k", type=Path, default=DEFAULT_MULTI30K)
+    ap.add_argument("--phrase-cost", action="store_true", help="time one sentence with 0-62 one-word phrases instead")
+    ap.add_argument("--search-module", type=Path, help="with --phrase-cost: another constrained_search.py to time beside")
     args = ap.parse_args()
+    if args.phrase_cost:
+        write_result("constraints-phrase-cost", phrase_cost(args.run, args.search_module))
+        return
+    if args.run is None:
+        ap.error("RUN is needed, except with --phrase-cost")
     import sacrebleu
 
     with gzip.open(args.multi30k / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:

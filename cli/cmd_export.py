@@ -13,11 +13,10 @@ from nmt_cli.common import RunDirOption
 HELP = (
     "Write the run's model as a CTranslate2 model directory (model.bin, config.json, the vocabulary, the run's "
     "tokenizer and nmt_export.json), built through CTranslate2's own specs API (pip install 'nmt\\[ct2]'). "
-    # The search flags are needed: CTranslate2 has only fairseq's beam rule and the |Y|^alpha penalty.
-    "Decode it with `nmt translate -r RUN --engine ctranslate2 --ct2-model DIR --beam-style fairseq --lenpen-style avg`, "
-    "or without nmt, with pieces from DIR's tokenizer: "
+    "Decode it with `nmt translate -r RUN --engine ctranslate2 --ct2-model DIR` (fairseq's search and the |Y|^alpha "
+    "penalty, CTranslate2's own), or without nmt, with pieces from DIR's tokenizer: "
     "`ctranslate2.Translator(DIR).translate_batch(\\[pieces], beam_size=4, length_penalty=0.6, return_end_token=True, "
-    "max_decoding_length=len(pieces) + 51)` (nmt's defaults: beam 4, alpha 0.6, at most |X| + 50 tokens and eos)."
+    "max_decoding_length=len(pieces) + 50)` (nmt's defaults: beam 4, alpha 0.6, at most |X| + 50 tokens before eos)."
 )
 
 

@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
         tokenize: Annotated[Optional[str], typer.Option("--tokenize", "-tok", help="sacreBLEU tokenizer for BLEU: 13a, intl, zh, char, none, ja-mecab, ko-mecab, ... (default: 13a, or from --lang); or moses: BLEU on Moses-tokenized text (tokenizer.perl defaults, --lang's rules), unsmoothed as multi-bleu.perl; with --lowercase the convention of the Multi30k papers (Wu et al. 2021, fairseq).", show_default=False)] = None,
         lowercase: Annotated[bool, typer.Option("--lowercase", "-lc", help="Case-insensitive BLEU and chrF.")] = False,
         ter: Annotated[bool, typer.Option("--ter", help="Also compute TER.")] = False,
-        lang: Annotated[Optional[str], typer.Option("--lang", "-l", help="Target language: picks sacreBLEU's default tokenizer (zh, ja, ko) and the Moses tokenizer of --compound-split (default: de).", show_default=False)] = None,
+        lang: Annotated[Optional[str], typer.Option("--lang", "-l", help="Target language: picks sacreBLEU's default tokenizer (zh, ja, ko) and the Moses rules of --tokenize moses and --compound-split (default: the target language of --run-dir when it is a preprocessed run, else de).", show_default=False)] = None,
         compound_split: Annotated[bool, typer.Option("--compound-split", help="The paper's tokenized WMT14 En-De BLEU (Moses tokenizer, ##AT## compound splitting, multi-bleu.perl); not comparable to sacreBLEU.")] = False,
         as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
         encoding_errors: Annotated[str, typer.Option("--encoding-errors", help="Invalid UTF-8 in hypotheses or references: strict (error naming the file and line) or replace (with U+FFFD).")] = "strict",
@@ -43,6 +43,7 @@ def register(app: typer.Typer) -> None:
             run_path = resolve_run_dir(run_dir)
             ref = [split_text_file(run_path, subset, "target")]
             lang = lang or target_lang(run_path)
+        lang = lang or _run_target_lang(run_dir) or "de"
         if compound_split and (tokenize is not None or lowercase):
             raise NmtError("--compound-split uses its own Moses tokenization and is case-sensitive; drop --tokenize/--lowercase")
         if hyp is not None:
@@ -52,9 +53,12 @@ def register(app: typer.Typer) -> None:
             hyp_name = "<stdin>"
             hypotheses = list(stdin_lines(sys.stdin.buffer, encoding_errors))
         references = scoring.read_references(ref, len(hypotheses), hyp_name, encoding_errors)
+        if hypotheses and not any(h.strip() for h in hypotheses):
+            print(f"nmt score: warning: all {len(hypotheses)} hypotheses in {hyp_name} are empty, so every score is 0; "
+                  f"was the translation cut short, or written elsewhere?", file=sys.stderr)
 
         if compound_split:
-            result = scoring.compound_split_bleu(hypotheses, references, lang=lang or "de")
+            result = scoring.compound_split_bleu(hypotheses, references, lang=lang)
             if as_json:
                 print(json.dumps(result.to_dict(), sort_keys=True))
             else:
@@ -67,3 +71,19 @@ def register(app: typer.Typer) -> None:
             print(json.dumps(scores, sort_keys=True))
         else:
             print(scoring.format_sacrebleu(scores))
+
+
+def _run_target_lang(run_dir: Optional[Path]) -> Optional[str]:
+    """The target language of the run directory (the flag, $NMT_RUN_DIR or the cwd), where it is
+    a preprocessed run; None elsewhere (scoring plain files needs no run)."""
+    from nmt.errors import NmtError
+    from nmt.run.directory import RunDir, resolve_run_dir
+    from nmt.run.splits import target_lang
+
+    run = resolve_run_dir(run_dir)
+    if not RunDir(run).has_record("preprocess"):
+        return None
+    try:
+        return target_lang(run)
+    except (NmtError, OSError, KeyError):
+        return None

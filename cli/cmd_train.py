@@ -24,6 +24,11 @@ PANELS = {
 }
 
 
+FAIRSEQ_NAMES = {"warmup": ("--warmup-updates",), "finetune_from": ("--finetune-from-model",),
+                 "keep_last": ("--keep-interval-updates",)}
+"""fairseq's flags for the same settings, accepted as they are typed (docs/coming-from.md)."""
+
+
 def _panel(name: str) -> str:
     return next((p for p, names in PANELS.items() if name in names), "Optimisation (Section 5)")
 
@@ -47,7 +52,7 @@ def register(app: typer.Typer) -> None:
 
     params = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context),
               inspect.Parameter("run_dir", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=RunDirOption)]
-    params += dataclass_parameters(TrainConfig, panel=_panel, as_text=("max_time",))
+    params += dataclass_parameters(TrainConfig, panel=_panel, as_text=("max_time",), aliases=FAIRSEQ_NAMES)
 
     def train_command(**kwargs: Any) -> None:
         from nmt.run.directory import resolve_run_dir

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from nmt_cli import fast_exit
-from nmt_cli.common import RunDirOption
+from nmt_cli.common import CONTEXT, RunDirOption, engine_search
 from nmt_cli.dataclass_options import dataclass_parameters, with_parameters
 
 HELP = (
@@ -42,15 +42,17 @@ def register(app: typer.Typer) -> None:
     sampling_fields = [p.name for p in dataclass_parameters(SamplingConfig)]
     alignment_fields = [p.name for p in dataclass_parameters(AlignmentConfig)]
     params = [
+        CONTEXT,
         inspect.Parameter("run_dir", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=RunDirOption),
         inspect.Parameter("input", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
             Optional[Path], typer.Option("--input", "-i", help="Text to translate, plain or .gz (default: stdin).", show_default=False)]),
         inspect.Parameter("subset", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
-            Optional[str], typer.Option("--subset", show_default=False,
+            Optional[str], typer.Option("--subset", "--gen-subset", show_default=False,
                                         help="Translate the source side of a split preprocess recorded (test, valid, test1, ...) instead of stdin.")]),
         inspect.Parameter("checkpoint", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
-            Optional[list[str]], typer.Option("--checkpoint", "-c", show_default=False,
-                                              help="Checkpoint file (or a name in RUN/checkpoints); repeat to ensemble.")]),
+            Optional[list[str]], typer.Option("--checkpoint", "-c", "--path", show_default=False,
+                                              help="Checkpoint file (or a name in RUN/checkpoints); repeat to ensemble "
+                                                   "(or, as fairseq's --path, join them with ':').")]),
         inspect.Parameter("format", inspect.Parameter.KEYWORD_ONLY, default="text", annotation=Annotated[
             str, typer.Option("--format", help="text: one translation per line; jsonl: one object per line with "
                                                "\"hyp\", \"score\" and the \"nbest\" list.")]),
@@ -86,9 +88,10 @@ def register(app: typer.Typer) -> None:
         from nmt.inference.word_alignment import soft_text
 
         run_dir = resolve_run_dir(kwargs.pop("run_dir"))
-        input_path, checkpoints = kwargs.pop("input"), kwargs.pop("checkpoint") or []
+        input_path, checkpoints = kwargs.pop("input"), _ensemble(kwargs.pop("checkpoint") or [])
         subset = kwargs.pop("subset")
         fmt, quiet = kwargs.pop("format"), kwargs.pop("quiet")
+        engine_note = engine_search(kwargs, kwargs.pop("ctx"))
         search = SearchConfig(**{k: kwargs.pop(k) for k in search_fields})
         sampling = SamplingConfig(**{k: kwargs.pop(k) for k in sampling_fields})
         sampling.validate()
@@ -128,7 +131,7 @@ def register(app: typer.Typer) -> None:
         say(("checkpoint " if len(translator.checkpoints) == 1 else "ensemble of ")
             + ", ".join(map(str, translator.checkpoints)))
         if cfg.engine == "ctranslate2":
-            say(f"CTranslate2 model {translator.decoder.model_dir}")
+            say(f"CTranslate2 model {translator.decoder.model_dir}" + (f"; {engine_note}" if engine_note else ""))
         elif translator.decoder.device.type == "cpu":
             from nmt.ops.cpu_malloc import keep_freed_memory
 
@@ -143,6 +146,7 @@ def register(app: typer.Typer) -> None:
             total = count_lines(input_path) if input_path is not None and input_path.is_file() else None
             bar = tqdm(total=total, unit=" lines", file=sys.stderr, delay=2.0, leave=False, dynamic_ncols=True)
         n_lines = 0
+        empty = [0, 0]  # (non-empty input lines, those of them translated to nothing)
         try:
             for chunk in itertools.chain([first] if first else [], chunks):
                 phrases = None
@@ -155,7 +159,10 @@ def register(app: typer.Typer) -> None:
                     if len(line_prefixes) < len(chunk):
                         raise NmtError(f"--prefix-file {prefix_file} has {len(prefixes)} lines, but the input has more; "
                                        f"give one prefix line per input line (an empty line for none)")
-                for tr in translator.translate(chunk, line_prefixes, phrases, first_line=n_lines + 1):
+                for source, tr in zip(chunk, translator.translate(chunk, line_prefixes, phrases, first_line=n_lines + 1), strict=True):
+                    if source.strip():
+                        empty[0] += 1
+                        empty[1] += not tr.hyp.strip()
                     if fmt == "jsonl":
                         row = {"hyp": tr.hyp, "score": tr.score, "nbest": [{"hyp": h, "score": s} for h, s in tr.nbest]}
                         if tr.alignment is not None:
@@ -189,6 +196,9 @@ def register(app: typer.Typer) -> None:
             print(f"nmt translate: warning: {translator.no_hypothesis} line(s) got an empty translation because the "
                   f"search found no hypothesis of finite score (is the checkpoint damaged, or --amp overflowing?)",
                   file=sys.stderr)
+        if empty[0] and empty[0] == empty[1]:
+            print(f"nmt translate: warning: all {empty[0]} non-empty input line(s) got an empty translation; is the "
+                  f"model trained enough (logs/train.jsonl), and is the input in its source language?", file=sys.stderr)
         seconds = time.perf_counter() - start
         say(f"{n_lines} lines, {translator.target_tokens} target tokens in {seconds:.1f} s "
             f"({n_lines / max(seconds, 1e-9):.1f} sentences/s)")
@@ -211,3 +221,8 @@ def _read_prefixes(prefix_file: Path, input_path: Optional[Path], errors: str) -
             raise NmtError(f"--prefix-file {prefix_file} has {len(prefixes)} lines, the input {input_path} {n}; "
                            f"give one prefix line per input line (an empty line for none)")
     return prefixes
+
+
+def _ensemble(checkpoints: list[str]) -> list[str]:
+    """fairseq's `--path a.pt:b.pt` is an ensemble: a name with ':' that is no file is split."""
+    return [part for c in checkpoints for part in ([c] if ":" not in c or Path(c).exists() else c.split(":"))]

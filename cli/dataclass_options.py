@@ -20,23 +20,25 @@ def _base_type(tp: Any) -> Any:
 
 def dataclass_parameters(cls: type, panel: Callable[[str], str] | None = None,
                          as_text: tuple[str, ...] = (), rename: dict[str, str] | None = None,
-                         short: dict[str, str] | None = None) -> list[inspect.Parameter]:
+                         short: dict[str, str] | None = None,
+                         aliases: dict[str, tuple[str, ...]] | None = None) -> list[inspect.Parameter]:
     """One keyword parameter per field: `--field-name`, its default and its help text.
 
     A field that is itself a dataclass (TrainConfig.model) gives its fields' parameters, flat:
     the caller nests them again (`TrainConfig.from_dict`). Fields named in `as_text` are taken
     as strings (parsed by the caller, e.g. durations); `short` gives fields a short option too
-    (`{"workers": "-j"}`). A boolean is a `--x/--no-x` pair.
+    (`{"workers": "-j"}`), `aliases` more long names (fairseq's, where the meaning is the same:
+    `{"warmup": ("--warmup-updates",)}`). A boolean is a `--x/--no-x` pair.
     """
     hints = typing.get_type_hints(cls)
     params = []
     for f in fields(cls):
         tp = _base_type(hints[f.name])
         if is_dataclass(tp):
-            params += dataclass_parameters(tp, panel, as_text, rename, short)
+            params += dataclass_parameters(tp, panel, as_text, rename, short, aliases)
             continue
         flag = "--" + (rename or {}).get(f.name, f.name).replace("_", "-")
-        extra = [short[f.name]] if short and f.name in short else []
+        extra = [*((aliases or {}).get(f.name, ())), *([short[f.name]] if short and f.name in short else [])]
         default = f.default if f.default is not MISSING else None
         kwargs: dict[str, Any] = {"help": f.metadata.get("help", ""), "show_default": default is not None}
         if panel is not None:

@@ -25,6 +25,27 @@ app = typer.Typer(
 )
 
 
+CHAIN = ("preprocess", "train", "average_checkpoints", "translate", "score", "export", "serve", "import")
+"""The commands in the order a run uses them (module names: cli/cmd_NAME.py)."""
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"nmt {version('nmt')}")
+        except PackageNotFoundError:  # a source tree that was never installed
+            print("nmt (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", "-V", help="Print nmt's version and exit.",
+                                          is_eager=True, callback=_version)) -> None:
+    """Neural machine translation with the Transformer of Vaswani et al. (2017)."""
+
+
 def _reports_interrupts(callback: Callable[..., Any]) -> Callable[..., Any]:
     """Typer turns a KeyboardInterrupt into a silent exit 130 before `main` can see it, so each
     command's KeyboardInterrupt is carried out as `Interrupted` instead."""
@@ -45,10 +66,10 @@ def _register() -> None:
 
     import nmt_cli
 
-    for info in sorted(pkgutil.iter_modules(nmt_cli.__path__), key=lambda m: m.name):
-        if info.name.startswith("cmd_"):
-            module = importlib.import_module(f"nmt_cli.{info.name}")
-            module.register(app)
+    names = [info.name[4:] for info in pkgutil.iter_modules(nmt_cli.__path__) if info.name.startswith("cmd_")]
+    # `nmt --help` lists the chain first, in the order it runs, then the rest
+    for name in sorted(names, key=lambda n: (CHAIN.index(n) if n in CHAIN else len(CHAIN), n)):
+        importlib.import_module(f"nmt_cli.cmd_{name}").register(app)
     for command in app.registered_commands:
         command.callback = _reports_interrupts(command.callback)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import numbers
 import os
+from collections import OrderedDict
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union, overload
@@ -28,6 +29,9 @@ TRANSLATE_FIELDS = frozenset(f.name for f in fields(TranslateConfig))
 ALIGNMENT_FIELDS = frozenset(f.name for f in fields(AlignmentConfig))
 FIELD_TYPES = {f.name: f.type for f in fields(SearchConfig) + fields(TranslateConfig) + fields(AlignmentConfig)}
 """Each setting's type as the dataclasses write it ("int", "float", "str")."""
+SETTINGS_CACHED = 8
+"""Per-call settings whose translators a Model keeps (the least recently used goes first): a
+program that varies beam or lenpen per call kept one per combination it ever used."""
 
 
 class Model:
@@ -36,7 +40,8 @@ class Model:
     def __init__(self, translator: Translator, source_lang: str, target_lang: str, run_dir: Path):
         self.translator = translator
         self.source_lang, self.target_lang, self.run_dir = source_lang, target_lang, run_dir
-        self._by_search: dict[tuple, Translator] = {}
+        self._by_search: OrderedDict[tuple, Translator] = OrderedDict()
+        """Translators of per-call settings, least recently used first (`with_search`)."""
 
     @property
     def checkpoints(self) -> list[Path]:
@@ -82,14 +87,23 @@ class Model:
         best first (`nbest=N` keeps N of the `beam`), and with `alignment="hard"` (Pharaoh
         "i-j" word pairs) or `"soft"` (output words x input words weights) its `alignment`."""
         if isinstance(text, str):
+            lines = [text]
             if prefix is not None and not isinstance(prefix, str):
-                raise TypeError(f"prefix of one sentence is a str, not {type(prefix).__name__}")
-            phrases = None if constraints is None else [_checked_lines(constraints, "constraints")]
-            return self.translate_lines([text], None if prefix is None else [prefix], phrases, alignment, **search)[0]
-        lines = _checked_lines(text)
-        prefixes = None if prefix is None else _checked_lines(prefix, "prefix")
-        phrases = None if constraints is None else [_checked_lines(c, f"constraints[{i}]") for i, c in enumerate(constraints)]
-        return self.translate_lines(lines, prefixes, phrases, alignment, **search)
+                raise NmtError(f"prefix of one sentence is a str, not {type(prefix).__name__}")
+            prefixes = None if prefix is None else [prefix]
+            phrases = None if constraints is None else [_checked_list(constraints, "constraints", "of one sentence is a list of str")]
+        else:
+            lines = _checked_lines(text)
+            prefixes = None if prefix is None else _checked_list(
+                prefix, "prefix", 'of a list of sentences is a list of str, one per sentence ("" for none)')
+            phrases = None if constraints is None else [
+                _checked_list(c, f"constraints[{i}]", "is a list of str")
+                for i, c in enumerate(_checked_list(constraints, "constraints", "of a list of sentences is a list of "
+                                                    "lists of str, one list per sentence", (list, tuple)))]
+        for name, value in (("text", text), ("prefix", prefix), ("constraints", constraints)):
+            _check_characters(name, value)
+        found = self.translate_lines(lines, prefixes, phrases, alignment, **search)
+        return found[0] if isinstance(text, str) else found
 
     def translate_lines(self, lines: Sequence[str], prefixes: Optional[Sequence[str]] = None,
                         constraints: Optional[Sequence[Sequence[str]]] = None, alignment: Optional[str] = None,
@@ -121,32 +135,59 @@ class Model:
             return self.translator
         wanted = replace(self.translator.search, **_checked_types(search))
         key = (tuple(sorted(vars(wanted).items())), alignment)
-        if key not in self._by_search:
-            wanted.validate()
-            translator = copy.copy(self.translator)
-            translator.search = wanted
-            if alignment is not None:
-                base = self.translator.alignment or AlignmentConfig()
-                translator.alignment = replace(base, print_alignment=True, alignment_format=alignment)
-                translator.alignment_layer = translator.alignment.layer_of(translator.decoder.decoder_layers)
-            self._by_search[key] = translator
-        return self._by_search[key]
+        if key in self._by_search:
+            self._by_search.move_to_end(key)
+            return self._by_search[key]
+        wanted.validate()
+        translator = copy.copy(self.translator)
+        translator.search = wanted
+        if alignment is not None:
+            base = self.translator.alignment or AlignmentConfig()
+            translator.alignment = replace(base, print_alignment=True, alignment_format=alignment)
+            translator.alignment_layer = translator.alignment.layer_of(translator.decoder.decoder_layers)
+        self._by_search[key] = translator
+        if len(self._by_search) > SETTINGS_CACHED:
+            self._by_search.popitem(last=False)
+        return translator
 
     def __repr__(self) -> str:
         return f"nmt.Model({str(self.run_dir)!r}, {self.source_lang}->{self.target_lang}, checkpoints={[str(c) for c in self.checkpoints]})"
 
 
-def _checked_lines(text: Any, name: str = "text") -> list[str]:
+def _checked_lines(text: Any) -> list[str]:
     """`text` as a list of str, or a TypeError saying what was given instead."""
-    takes = "translate takes" if name == "text" else f"{name} takes"
     if isinstance(text, (bytes, bytearray)):
-        raise TypeError(f"{takes} a str or a list of str, not bytes; decode it first (e.g. text.decode('utf-8'))")
-    if not isinstance(text, (list, tuple)):
-        raise TypeError(f"{takes} a str or a list of str, not {type(text).__name__}")
-    for i, line in enumerate(text):
-        if not isinstance(line, str):
-            raise TypeError(f"{takes} a str or a list of str, but item {i} is a {type(line).__name__}")
-    return list(text)
+        raise TypeError("translate takes a str or a list of str, not bytes; decode it first (e.g. text.decode('utf-8'))")
+    return _checked_list(text, "translate", "takes a str or a list of str", error=TypeError)
+
+
+def _checked_list(value: Any, name: str, shape: str, item: Union[type, tuple[type, ...]] = str,
+                  error: type[Exception] = NmtError) -> list:
+    """`value` as a list of `item`s, or `error` saying the shape `name` must have and what it
+    got: "prefix of a list of sentences is a list of str, ..., not str". A prefix's or the
+    constraints' shape is named for the text given (one sentence or a list): "takes a str or a
+    list of str, not str" contradicted itself."""
+    if not isinstance(value, (list, tuple)):
+        raise error(f"{name} {shape}, not {type(value).__name__}")
+    for i, v in enumerate(value):
+        if not isinstance(v, item):
+            raise error(f"{name} {shape}, but item {i} is a {type(v).__name__}")
+    return list(value)
+
+
+def _check_characters(name: str, value: Union[None, str, Sequence]) -> None:
+    """An NmtError naming where a lone surrogate ("\\ud800") sits in text, a prefix or a phrase:
+    Python strings allow one, but it is no character, and the tokenizer's error ("List elements
+    must be str or bytes") named neither the argument nor the problem."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise NmtError(f"{name} holds a lone surrogate {value[e.start]!r} at character {e.start}, which is no "
+                           "character; pass whole surrogate pairs") from None
+    elif value is not None:
+        for i, item in enumerate(value):
+            _check_characters(f"{name}[{i}]", item)
 
 
 _EXPECTED = {"int": (numbers.Integral, int, "an int"), "float": (numbers.Real, float, "a number"),

@@ -22,9 +22,11 @@ nmt preprocess (clean with --max-len 250 --max-ratio 1.5, joint BPE 37000) -> nm
 WMT14_DIR=... uses already downloaded files: the tarballs themselves, their extracted
 layout (training/, commoncrawl.de-en.*, dev/, test-full/), or plain
 newstest2013.{en,de}[.gz] / newstest2014.{en,de}[.gz]; whatever is missing is downloaded.
-DRY_RUN=1 prints the whole plan and runs nothing. Without a GPU the recipe refuses to train
-unless ALLOW_CPU=1. For several nodes, run the printed `nmt train` command under torchrun on
-each node, with NUM_GPUS set to the total number of GPUs so that --update-freq fits.
+DRY_RUN=1 prints the whole plan and runs nothing; the plan states the disk and the GPU hours
+it needs, from the measurements committed in bench/results/ (docs/recipes.md). Without a GPU
+the recipe refuses to train unless ALLOW_CPU=1. For several nodes, run the printed `nmt train`
+command under torchrun on each node, with NUM_GPUS set to the total number of GPUs so that
+--update-freq fits.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ SETUP: dict[str, Any] = {
     "DOWNLOAD_TIMEOUT": 30.0,
     "NUM_GPUS": None,              # unset: torch.cuda.device_count(); set: also --distributed-world-size
     "ALLOW_CPU": False,            # train without a GPU anyway (months for big)
+    "GPU_SCALING": 0.9,            # the plan's hours: assumed throughput share kept on several GPUs (not measured)
     "ENCODING_ERRORS": "replace",  # crawled text has the odd invalid byte: replace it, do not stop
     "THREADS": 0,
     "DRY_RUN": False,
@@ -99,6 +102,7 @@ class Part:
     plain: tuple[str, str]             # plain text file names (src, tgt), maybe also .gz
     sgm: Optional[tuple[str, str]] = None  # SGML test files (src, ref)
     sgm_dir: Optional[str] = None      # the folder the right SGML version is in
+    pairs: int = 0                     # en-de sentence pairs (training parts), for the plan
 
     @property
     def tarball_name(self) -> str:
@@ -109,10 +113,12 @@ class Part:
 
 
 TRAIN_PARTS = [
-    Part("Europarl v7", "wmt13/training-parallel-europarl-v7.tgz", ("europarl-v7.de-en.en", "europarl-v7.de-en.de")),
-    Part("Common Crawl", "wmt13/training-parallel-commoncrawl.tgz", ("commoncrawl.de-en.en", "commoncrawl.de-en.de")),
+    Part("Europarl v7", "wmt13/training-parallel-europarl-v7.tgz", ("europarl-v7.de-en.en", "europarl-v7.de-en.de"),
+         pairs=1_920_000),
+    Part("Common Crawl", "wmt13/training-parallel-commoncrawl.tgz", ("commoncrawl.de-en.en", "commoncrawl.de-en.de"),
+         pairs=2_400_000),
     Part("News Commentary v9", "wmt14/training-parallel-nc-v9.tgz",
-         ("news-commentary-v9.de-en.en", "news-commentary-v9.de-en.de")),
+         ("news-commentary-v9.de-en.en", "news-commentary-v9.de-en.de"), pairs=200_000),
 ]
 VALID = Part("newstest2013", "wmt14/dev.tgz", ("newstest2013.en", "newstest2013.de"),
              ("newstest2013-src.en.sgm", "newstest2013-ref.de.sgm"), "dev")
@@ -288,6 +294,184 @@ def visible_gpus() -> int:
     return torch.cuda.device_count()
 
 
+def gpu_name() -> Optional[str]:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.device_count() else None
+
+
+# ---------------------------------------------------------------------------------------
+# The cost: disk and GPU hours, from the committed measurements in bench/results/
+# ---------------------------------------------------------------------------------------
+
+RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
+# Assumed, not measured (the corpus is not here to measure before it is fetched): WMT14's
+# training lines run about 23 words, and a 37k joint BPE splits some of them.
+BYTES_PER_LINE = 135
+TOKENS_PER_LINE = 30
+
+
+def train_pairs() -> int:
+    return sum(p.pairs for p in TRAIN_PARTS)
+
+
+def latest_result(results: Path, pattern: str) -> Optional[tuple[Path, dict[str, Any]]]:
+    """The newest bench/results file matching `pattern` (file names begin with the date)."""
+    found = sorted(results.glob(pattern))
+    return (found[-1], json.loads(found[-1].read_text(encoding="utf-8"))) if found else None
+
+
+def checkpoint_bytes_per_parameter(results: Path) -> tuple[float, str]:
+    """Bytes a parameter takes in a checkpoint with Adam's moments, measured by `make bench-scale`;
+    without that measurement, fp32 weights plus two fp32 moments."""
+    found = latest_result(results, "*_bench-scale.json")
+    c = found[1].get("results", {}).get("big_checkpoint") if found else None
+    if not c:
+        return 12.0, "4-byte weights + Adam's 2 moments (no bench-scale checkpoint measurement found)"
+    params = c.get("parameters_m") or float(str(c["parameters"]).rstrip("M"))
+    mib = c.get("size_mib") or c["mib"]
+    return mib * 2**20 / (params * 1e6), f"{mib:,.0f} MiB for {params:g}M parameters in {found[0].relative_to(results.parents[1])}"
+
+
+def model_parameters(arch: str, vocab: int) -> int:
+    """The model's parameters, built on the meta device: no memory, no time."""
+    import torch
+
+    from nmt.model.config import build_config
+    from nmt.model.transformer import Transformer, count_parameters as count
+
+    with torch.device("meta"):
+        return count(Transformer(build_config(arch, vocab, vocab)))
+
+
+def disk_estimate(s: dict[str, Any], results: Path = RESULTS) -> list[tuple[str, float, str]]:
+    """(what, bytes, how it is counted) for everything the recipe writes under RUN_DIR, at the
+    peak: the end of training, with the averaged checkpoint written."""
+    from nmt.data.token_arrays import token_dtype
+
+    missing = [p for p in PARTS if locate(p, data_roots(s)) is None]
+    extracted = sum(p.pairs for p in missing) * BYTES_PER_LINE * 2
+    pairs = train_pairs()
+    id_bytes = token_dtype(s["VOCAB"]).itemsize
+    per_param, source = checkpoint_bytes_per_parameter(results)
+    ckpt = model_parameters(s["ARCH"], s["VOCAB"]) * per_param
+    kept = s["AVERAGE_LAST"] + 2
+    return [
+        ("raw", extracted,
+         f"the en-de text of {len(missing)} statmt.org tarball(s) extracted ({extracted / 1e9:.1f} GB, as below), "
+         f"+ the tarballs themselves, kept (their size is statmt.org's; not counted here)"
+         if missing else "every part is at hand: nothing to download"),
+        ("text", pairs * BYTES_PER_LINE * 2,
+         f"{pairs / 1e6:.2f}M pairs x about {BYTES_PER_LINE} bytes a line x 2 sides (assumed)"),
+        ("data", pairs * 2 * (TOKENS_PER_LINE * id_bytes + 8),
+         f"binarized: {pairs / 1e6:.2f}M pairs x about {TOKENS_PER_LINE} BPE tokens a line (assumed) x {id_bytes} bytes "
+         f"a token id x 2 sides, + 8-byte offsets"),
+        ("checkpoints", kept * ckpt + ckpt / 3,
+         f"{kept} x {ckpt / 1e9:.2f} GB (--arch {s['ARCH']} with Adam's moments: {per_param:.2f} bytes a parameter, "
+         f"{source}): the last {s['AVERAGE_LAST']} kept, 1 written before the oldest goes, checkpoint_best.pt; "
+         f"+ checkpoint_avg.pt {ckpt / 3e9:.2f} GB (weights only: Adam's moments are the other two thirds); "
+         f"no CTranslate2 export in this recipe"),
+    ]
+
+
+@dataclass(frozen=True)
+class GpuRate:
+    """A committed `make bench-train-gpu` measurement: what the hours are computed from."""
+
+    path: Path
+    kind: str                  # the machine slug of the file name, e.g. H200
+    machine: str
+    arch: str
+    max_tokens: int            # --max-tokens of its steps (one step an update)
+    tokens_per_s: float        # target tokens/s with nmt's attention; the slowest run when there are several
+    step_ms: Optional[float]   # the time of one step
+    host_ms: Optional[float]   # the host CPU time of one step, when profiled
+
+    @property
+    def fill(self) -> float:
+        """The share of a step's --max-tokens that were target tokens (padding and the longer side
+        take the rest); without a step time, 1: padding counted, so the hours are at most."""
+        return self.tokens_per_s * self.step_ms / 1000 / self.max_tokens if self.step_ms else 1.0
+
+
+def gpu_rate(results: Path = RESULTS) -> Optional[GpuRate]:
+    """The newest GPU training measurement: the curated file (nmt's flash/memory-efficient
+    attention, a host profile) or bench_train.py's own output (its bf16 run)."""
+    found = latest_result(results, "*_bench-train[-_]gpu.json")
+    if found is None:
+        return None
+    path, record = found
+    r = record.get("results", {})
+    curated, own = r.get("flash_or_memory_efficient", {}), r.get("bf16", {})
+    runs = curated.get("target_tokens_per_s") or own.get("tgt_tokens_per_s")
+    if not runs:
+        return None
+    runs = runs if isinstance(runs, list) else [runs]
+    profile = r.get("profile", {})
+    step_ms = profile.get("update_ms_measured") or (own["seconds"] * 1000 / own["updates"] if own.get("updates") else None)
+    return GpuRate(path, path.name.split("_")[2].upper(), record.get("machine", ""), r.get("arch") or record.get("arch", ""),
+                   int(r.get("max_tokens") or record.get("max_tokens", 0)), float(min(runs)), step_ms,
+                   profile.get("host_cpu_ms"))
+
+
+def training_hours(updates: int, max_tokens_per_update: int, steps_per_update: int, gpus: int, scaling: float,
+                   rate: GpuRate) -> tuple[float, Optional[float]]:
+    """(hours of GPU work at the measured tokens/s, hours if every step costs the host what the
+    profiled one did). The second bounds small steps: the profiled host was busy the whole step,
+    launching kernels, and a smaller batch launches the same kernels."""
+    by_tokens = updates * max_tokens_per_update * rate.fill / (rate.tokens_per_s * gpus * scaling) / 3600
+    by_host = updates * steps_per_update * rate.host_ms / 1000 / scaling / 3600 if rate.host_ms else None
+    return by_tokens, by_host
+
+
+def print_time(s: dict[str, Any], gpus: int, freq: int, per_update: int, gpu_name: Optional[str],
+               results: Path = RESULTS) -> None:
+    rate = gpu_rate(results)
+    if gpus == 0:
+        print("time: not estimated for training on the CPU; NUM_GPUS=8 plans (and estimates) for 8 GPUs")
+        return
+    if rate is None:
+        print(f"time: not estimated: no GPU training throughput measurement (*_bench-train-gpu.json with target "
+              f"tokens/s) is committed in {results}; `make bench-train-gpu` on a GPU writes one")
+        return
+    source = rate.path.relative_to(results.parents[1])
+    if rate.arch != s["ARCH"] or s["AMP"] not in ("auto", "bf16"):
+        print(f"time: not estimated: the committed GPU measurement ({source}) is of --arch {rate.arch} in bf16, "
+              f"not --arch {s['ARCH']} with AMP={s['AMP']}")
+        return
+    scaling = s["GPU_SCALING"] if gpus > 1 else 1.0
+    by_tokens, by_host = training_hours(s["MAX_UPDATE"], per_update, freq, gpus, scaling, rate)
+    if gpu_name is None:
+        kind = f"the GPUs' kind is unknown here (none visible): the estimate is for the measured kind, {rate.kind}"
+    elif rate.kind.lower() in gpu_name.lower().replace(" ", ""):
+        kind = f"the GPUs here ({gpu_name}) are the measured kind"
+    else:
+        kind = f"the GPUs here are {gpu_name}: the estimate is for the measured kind, {rate.kind}, not them"
+    print(f"time: about {max(by_tokens, by_host or 0):.1f} h for {s['MAX_UPDATE']} updates on {gpus} GPU(s), from "
+          f"{source} ({rate.machine}: --arch {rate.arch}, bf16, --max-tokens {rate.max_tokens}: "
+          f"{rate.tokens_per_s:,.0f} target tokens/s" + (f", {rate.step_ms:g} ms a step" if rate.step_ms else "")
+          + (f", {rate.host_ms:g} ms of host CPU a step" if rate.host_ms else "") + ")"
+          + (", the larger of:" if by_host else ":"))
+    fill = (f"{per_update} x {rate.fill:.2f}, the measured steps' share of target tokens in --max-tokens"
+            if rate.step_ms else f"{per_update}, padding counted: at most")
+    print(f"  GPU work: {s['MAX_UPDATE']} updates x {per_update * rate.fill:,.0f} target tokens ({fill}) / "
+          f"({rate.tokens_per_s:,.0f} tokens/s x {gpus} GPU(s) x {scaling:g} scaling) = {by_tokens:.1f} h")
+    if by_host:
+        print(f"  host:     {s['MAX_UPDATE']} updates x {freq} step(s) per GPU x {rate.host_ms:g} ms / {scaling:g} scaling "
+              f"= {by_host:.1f} h (a step of any size launches the same kernels)")
+    notes = [f"GPU_SCALING={scaling:g} is assumed (no multi-GPU run is measured)" if gpus > 1 else "",
+             f"measured with {rate.max_tokens} tokens a step, this plan steps with MAX_TOKENS={s['MAX_TOKENS']}"
+             if rate.max_tokens != s["MAX_TOKENS"] else "", kind]
+    print("  note: " + "; ".join(n for n in notes if n))
+
+
+def print_disk(s: dict[str, Any], results: Path = RESULTS) -> None:
+    items = disk_estimate(s, results)
+    print(f"disk: about {sum(b for _, b, _ in items) / 1e9:.1f} GB in {s['RUN_DIR']} at the end of training:")
+    for what, size, how in items:
+        print(f"  {what:<11} {size / 1e9:5.1f} GB  {how}")
+
+
 # ---------------------------------------------------------------------------------------
 # The plan
 # ---------------------------------------------------------------------------------------
@@ -396,7 +580,7 @@ def summarize(s: dict[str, Any], run: Path, hyp: Path, sacrebleu_json: Path, com
     print(f"written: {run / 'summary.json'}, {hyp}" + (f", {png}" if png.is_file() else ""), flush=True)
 
 
-def print_plan(s: dict[str, Any], gpus: int, freq: int) -> None:
+def print_plan(s: dict[str, Any], gpus: int, freq: int, gpu_name: Optional[str]) -> None:
     roots = data_roots(s)
     print(f"WMT14 English->German, the paper's setup (Vaswani et al. 2017, Sections 5-6), in {s['RUN_DIR']}"
           + (" -- DRY RUN: nothing is executed" if s["DRY_RUN"] else ""))
@@ -407,7 +591,8 @@ def print_plan(s: dict[str, Any], gpus: int, freq: int) -> None:
         where = (f"{paths[0]} + {paths[1]}" if paths else
                  f"to fetch: {part.tarball_name} (from WMT14_DIR or {s['WMT14_URL']}{part.tarball})")
         print(f"  {role}  {part.name}: {where}")
-    print(f"  training is about 4.5M pairs (Europarl v7 1.92M, Common Crawl 2.40M, News Commentary v9 0.20M); "
+    print(f"  training is about {train_pairs() / 1e6:.1f}M pairs ("
+          + ", ".join(f"{p.name} {p.pairs / 1e6:.2f}M" for p in TRAIN_PARTS) + "); "
           f"test is newstest2014's full version, {FULL_TEST_LINES} lines (sacreBLEU's wmt14/full, which fairseq and "
           f"tensor2tensor score on), not the {FILTERED_TEST_LINES}-line filtered one (sacreBLEU's wmt14)")
     processes = max(1, gpus)
@@ -425,6 +610,8 @@ def print_plan(s: dict[str, Any], gpus: int, freq: int) -> None:
     print(f"schedule: {s['MAX_UPDATE']} updates, warmup {s['WARMUP']}, "
           + (f"peak lr {s['LR']}" if s["LR"] else "the paper's lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)")
           + f"; a checkpoint every {flag_value(s['SAVE_INTERVAL_MINUTES'])} minutes, the last {s['AVERAGE_LAST']} kept and averaged")
+    print_disk(s)
+    print_time(s, gpus, freq, per_update, gpu_name)
 
 
 def settings() -> dict[str, Any]:
@@ -433,6 +620,12 @@ def settings() -> dict[str, Any]:
         s["NUM_GPUS"] = parse_setting("NUM_GPUS", s["NUM_GPUS"], 0)
     s["MAX_UPDATE"] = s["MAX_UPDATE"] or PAPER_STEPS.get(s["ARCH"], PAPER_STEPS["base"])
     s["AVERAGE_LAST"] = s["AVERAGE_LAST"] or PAPER_AVERAGE.get(s["ARCH"], PAPER_AVERAGE["base"])
+    from nmt.model.config import ARCHS
+
+    if s["ARCH"] not in ARCHS:
+        raise RecipeError(f"ARCH={s['ARCH']} is not an architecture; known: {', '.join(ARCHS)}")
+    if not 0 < s["GPU_SCALING"] <= 1:
+        raise RecipeError(f"GPU_SCALING={s['GPU_SCALING']} is not a share of the single-GPU throughput; give one in (0, 1]")
     if not s["WMT14_URL"].endswith("/"):
         s["WMT14_URL"] += "/"
     if s["WMT14_DIR"] and not Path(s["WMT14_DIR"]).is_dir():
@@ -448,7 +641,7 @@ def main() -> None:
                           f"machine (DRY_RUN=1 shows the plan), or set ALLOW_CPU=1 to train on the CPU anyway")
     gpus = s["NUM_GPUS"] if s["NUM_GPUS"] else real_gpus
     freq = update_freq(s["TOKENS_PER_UPDATE"], s["MAX_TOKENS"], gpus)
-    print_plan(s, gpus, freq)
+    print_plan(s, gpus, freq, gpu_name())
     run_steps(build_steps(s, freq), s["DRY_RUN"])
 
 

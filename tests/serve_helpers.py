@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 START_TIMEOUT = 180.0  # seconds: the model loads in a subprocess on a shared 2-core machine
 
@@ -69,6 +69,15 @@ class Server:
         status, _, body = self.request("GET", path)
         assert status == 200, body
         return json.loads(body)
+
+    def wait_for_stats(self, until: Callable[[dict[str, Any]], bool], timeout: float = 120.0) -> dict[str, Any]:
+        """Poll /info until its batching counters satisfy `until` (a state the server reports,
+        not a time); those counters."""
+        deadline = time.monotonic() + timeout
+        while not until(stats := self.get("/info")["stats"]):
+            assert time.monotonic() < deadline, f"/info never showed the state waited for; last {stats}"
+            time.sleep(0.01)
+        return stats
 
     def terminate(self, timeout: float = 120.0) -> int:
         """SIGTERM, then the exit status (killed and -9 when it does not exit in time)."""

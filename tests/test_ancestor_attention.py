@@ -62,7 +62,7 @@ def test_the_cache_attends_as_a_reordered_one_through_fan_out_growth_rows_leavin
     assert compacted and max(kv.size(0) for kv in ancestor.steps) <= 2 * rows  # never more than twice the live rows once they shrink
 
 
-def test_without_a_compiler_decoding_keeps_the_packed_step_and_says_so_once(monkeypatch, capsys):
+def test_without_a_compiler_decoding_keeps_the_packed_step_and_says_so_once(monkeypatch, capsys, tmp_path):
     from torch.utils import cpp_extension
 
     def no_compiler(*args, **kwargs):
@@ -70,10 +70,11 @@ def test_without_a_compiler_decoding_keeps_the_packed_step_and_says_so_once(monk
 
     monkeypatch.setattr(cpp_extension, "load_inline", no_compiler)
     monkeypatch.setattr(native, "_built", {})
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # no finished build to load
     monkeypatch.delenv(native.DISABLE_ENV, raising=False)  # conftest sets it where nothing builds
     assert native.native_module() is None and native.native_module() is None
     err = capsys.readouterr().err
-    assert err.count("could not be built (Ninja is required to load C++ extensions)") == 1
+    assert err.count("cannot be built here (Ninja is required to load C++ extensions") == 1
 
     from test_cpu_decoder_step import _models
     from test_beam_search import _batch

@@ -134,5 +134,47 @@ def test_prefixes_constraints_and_alignments_per_call(model):
         model.translate(lines, prefix=["a", "b", "c"])
     with pytest.raises(NmtError, match="alignment must be one of hard, soft"):
         model.translate_nbest(lines, alignment="pharaoh")
-    with pytest.raises(TypeError, match="prefix of one sentence is a str"):
+    with pytest.raises(NmtError, match="prefix of one sentence is a str"):
         model.translate(lines[0], prefix=["a"])
+
+
+@pytest.mark.parametrize("text, given, needle", [
+    ("ein Hund", {"prefix": ["ein"]}, "prefix of one sentence is a str, not list"),
+    ("ein Hund", {"constraints": "Hund"}, "constraints of one sentence is a list of str, not str"),
+    ("ein Hund", {"constraints": ["Hund", 3]}, "constraints of one sentence is a list of str, but item 1 is a int"),
+    (["ein Hund"], {"prefix": "ein"}, 'prefix of a list of sentences is a list of str, one per sentence ("" for none), not str'),
+    (["ein Hund"], {"constraints": ["Hund"]}, "constraints of a list of sentences is a list of lists of str, one list per "
+                                              "sentence, but item 0 is a str"),
+    (["ein Hund"], {"constraints": [["Hund", None]]}, "constraints[0] is a list of str, but item 1 is a NoneType"),
+])
+def test_a_prefix_or_constraints_of_the_wrong_shape_is_one_user_error_that_names_the_shape(model, text, given, needle):
+    with pytest.raises(NmtError, match=re.escape(needle)) as error:
+        model.translate(text, **given)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("text, given, needle", [
+    ("ein \ud800Hund", {}, "text holds a lone surrogate '\\ud800' at character 4"),
+    (["ein Hund", "\udfff"], {}, "text[1] holds a lone surrogate"),
+    ("ein Hund", {"prefix": "\ud800"}, "prefix holds a lone surrogate"),
+    (["ein Hund"], {"prefix": ["ein\ud800"]}, "prefix[0] holds a lone surrogate"),
+    ("ein Hund", {"constraints": ["Hund", "\ud800"]}, "constraints[1] holds a lone surrogate"),
+    (["ein Hund"], {"constraints": [["\ud800"]]}, "constraints[0][0] holds a lone surrogate"),
+])
+def test_a_lone_surrogate_is_a_user_error_naming_where_it_is(model, text, given, needle):
+    with pytest.raises(NmtError, match=re.escape(needle)):
+        model.translate(text, **given)
+
+
+def test_translators_of_per_call_settings_are_kept_for_a_few_settings_only(run_dir):
+    from nmt.api import SETTINGS_CACHED
+
+    model = nmt.load(run_dir, device="cpu", threads=1, max_len_b=4)
+    first = model.with_search(beam=2)
+    lenpens = [i / 10 for i in range(3 * SETTINGS_CACHED)]
+    for lenpen in lenpens:
+        model.translate("ein Hund", lenpen=lenpen)
+    assert len(model._by_search) == SETTINGS_CACHED
+    assert model.with_search(lenpen=lenpens[-1]) is model.with_search(lenpen=lenpens[-1])  # recent ones are kept
+    assert model.with_search(beam=2) is not first  # the least recently used went
+    assert len(model._by_search) == SETTINGS_CACHED

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_nmt
+from conftest import assert_one_line_error, run_nmt, start_nmt
 
 transformers = pytest.importorskip("transformers")
 spm = pytest.importorskip("sentencepiece")
@@ -312,3 +312,258 @@ def test_import_errors_are_one_line(hf_folder, tmp_path):
     proc = run_nmt("import", "-r", run, "--from", "hf-marian", hf_folder)
     assert proc.returncode != 0 and "already holds files" in proc.stderr
     assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
+
+
+# -- a damaged or lying model folder is refused in one line, before anything is built ---------
+
+
+def _import_refused(folder: Path, run: Path, **options) -> str:
+    """The message of an import that must refuse: one line (the CLI prints an NmtError as one),
+    leaving nothing where the run directory would be."""
+    from nmt.errors import NmtError
+    from nmt.pretrained.hf_marian import import_hf_marian
+
+    with pytest.raises(NmtError) as refused:
+        import_hf_marian(folder, run, **options)
+    assert not run.exists() and not any(p.name.startswith(f".{run.name}") for p in run.parent.iterdir())
+    message = str(refused.value)
+    assert "\n" not in message
+    return message
+
+
+def _edit_json(path: Path, **changes) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text(encoding="utf-8")), **changes}), encoding="utf-8")
+
+
+LIMITED_IMPORT = """
+import resource, sys
+import torch, safetensors.torch, sentencepiece
+from nmt_cli.main import main
+# the baseline is everything loaded; a model of the size config.json claims is gigabytes more
+size = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (size + (512 << 20), resource.RLIM_INFINITY))
+sys.argv = ["nmt", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("lie", [dict(d_model=4096, encoder_layers=24, decoder_layers=24, encoder_ffn_dim=16384,
+                                      decoder_ffn_dim=16384), dict(d_model=4096)], ids=["bigger", "wider"])
+def test_a_config_claiming_a_bigger_model_than_its_weights_is_refused_before_it_is_built(hf_folder, tmp_path, lie):
+    """A 1 MB folder whose config.json claims gigabytes: refused from the weights' shapes, in
+    a process that has 512 MB of address space above what it has loaded."""
+    import os
+    import subprocess
+    import sys
+
+    _edit_json(hf_folder / "config.json", **lie)
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "1"}
+    proc = subprocess.run([sys.executable, "-c", LIMITED_IMPORT, "import", "-r", str(run), "--from", "hf-marian",
+                           str(hf_folder)], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("nmt import: ")]
+    assert "Traceback" not in proc.stderr and len(errors) == 1, proc.stderr
+    assert str(hf_folder / "model.safetensors") in errors[0] and "config.json" in errors[0], errors[0]
+    assert not run.exists()
+
+
+def test_weights_of_another_dtype_are_refused(hf_folder, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    weights = hf_folder / "model.safetensors"
+    state = load_file(str(weights))
+    state["final_logits_bias"] = state["final_logits_bias"].long()
+    save_file(state, str(weights), metadata={"format": "pt"})
+    message = _import_refused(hf_folder, tmp_path / "run")
+    assert str(weights) in message and "torch.int64" in message and "final_logits_bias" in message
+
+
+@pytest.mark.parametrize("source_lang, target_lang, flags, named", [
+    ("../../../escaped", "de", {}, "tokenizer_config.json's source_lang '../../../escaped'"),
+    ("en", "de/..", {}, "tokenizer_config.json's target_lang 'de/..'"),
+    ("en", 7, {}, "tokenizer_config.json's target_lang 7"),
+    ("en", "de", {"source_lang": "../x"}, "--source-lang '../x'"),
+    ("en", "de", {"target_lang": "de/x"}, "--target-lang 'de/x'"),
+])
+def test_language_codes_that_are_not_codes_are_refused(hf_folder, tmp_path, source_lang, target_lang, flags, named):
+    """They name files (an export's LANG_source.spm): preprocess's rule for -s/-t applies."""
+    _edit_json(hf_folder / "tokenizer_config.json", source_lang=source_lang, target_lang=target_lang)
+    message = _import_refused(hf_folder, tmp_path / "run", **flags)
+    assert named in message and "letters, digits, '-' and '_'" in message, message
+
+
+def _damage(folder: Path, what: str, vocab_size: int) -> str:
+    """Damage the model folder `folder` as `what` says; returns the name of the file that must be named."""
+    import torch
+    from safetensors.torch import load_file
+
+    config = folder / "config.json"
+    edits = {"d_model abc": {"d_model": "abc"}, "d_model [64]": {"d_model": [64]},
+             "max_position_embeddings inf": {"max_position_embeddings": "inf"}, "d_model 64.7": {"d_model": 64.7},
+             "scale_embedding 'false'": {"scale_embedding": "false"}, "vocab_size string": {"vocab_size": str(vocab_size)},
+             "encoder_layers true": {"encoder_layers": True}, "dropout NaN": {"dropout": float("nan")}}
+    if what in edits:
+        _edit_json(config, **edits[what])
+        return "config.json"
+    if what == "string id in vocab.json":
+        vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+        vocab["<unk>"] = "1"
+        (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+        return "vocab.json"
+    if what == "vocab.json not JSON":
+        (folder / "vocab.json").write_text('{"</s>": 0,', encoding="utf-8")
+        return "vocab.json"
+    if what == "an id twice in vocab.json":
+        _edit_json(folder / "vocab.json", **{"<unk>": 0})
+        return "vocab.json"
+    if what == "a non-tensor in the weights":
+        state = load_file(str(folder / "model.safetensors"))
+        (folder / "model.safetensors").unlink()
+        torch.save({**state, "final_logits_bias": [0.0] * vocab_size}, folder / "pytorch_model.bin")
+        return "pytorch_model.bin"
+    if what in ("broken source.spm", "empty target.spm"):
+        name = what.split()[1]
+        (folder / name).write_bytes(b"garbage" if what.startswith("broken") else b"")
+        return name
+    assert what == "tokenizer_config.json a list"
+    (folder / "tokenizer_config.json").write_text('["en", "de"]', encoding="utf-8")
+    return "tokenizer_config.json"
+
+
+@pytest.mark.parametrize("what", [
+    "d_model abc", "d_model [64]", "max_position_embeddings inf", "d_model 64.7", "scale_embedding 'false'",
+    "vocab_size string", "encoder_layers true", "dropout NaN", "string id in vocab.json", "vocab.json not JSON",
+    "an id twice in vocab.json", "a non-tensor in the weights", "broken source.spm", "empty target.spm",
+    "tokenizer_config.json a list",
+])
+def test_a_damaged_model_folder_is_one_line_naming_its_own_file(hf_folder, marian_files, tmp_path, what):
+    """Nothing is coerced (64.7 is no d_model, "false" no boolean), and the file named is the
+    model folder's, with no advice to re-run the import that fails the same way."""
+    name = _damage(hf_folder, what, marian_files[1])
+    message = _import_refused(hf_folder, tmp_path / "run")
+    assert str(hf_folder / name) in message and "re-run" not in message, message
+    if name == "config.json":
+        key = what.split()[0]
+        assert f"says {key} " in message and "must be" in message, message
+
+
+class _Payload:
+    """A pickle that creates `marker` when it is loaded with more than tensors allowed."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def test_a_pickle_payload_is_refused_without_advice_to_run_it(hf_folder, tmp_path):
+    from safetensors.torch import load_file
+
+    marker = tmp_path / "payload-ran"
+    state = load_file(str(hf_folder / "model.safetensors"))
+    (hf_folder / "model.safetensors").unlink()
+    torch.save({**state, "final_logits_bias": _Payload(str(marker))}, hf_folder / "pytorch_model.bin")
+    message = _import_refused(hf_folder, tmp_path / "run")
+    assert str(hf_folder / "pytorch_model.bin") in message and "more than tensors" in message, message
+    assert "weights_only" not in message and "False" not in message and "can still be loaded" not in message
+    assert not marker.exists()
+
+
+# -- one import at a time per run directory; what a killed one leaves is removed -----------------
+
+
+def test_an_import_into_a_run_dir_another_command_writes_is_refused(hf_folder, tmp_path):
+    from nmt.run.lock import RunLock
+
+    run = tmp_path / "run"
+    with RunLock(run, "nmt train -r run"):
+        proc = run_nmt("import", "-r", run, "--from", "hf-marian", hf_folder)
+        assert_one_line_error(proc, str(run), "in use by", "nmt train -r run")
+    assert not run.exists()
+
+
+def test_two_imports_into_one_new_run_dir_make_one_run_and_one_line(hf_folder, tmp_path):
+    import subprocess
+
+    run = tmp_path / "run"
+    procs = [start_nmt("import", "-r", run, "--from", "hf-marian", hf_folder, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(proc.wait(timeout=600), proc.stderr.read()) for proc in procs]
+    for proc in procs:
+        proc.stdout.close(), proc.stderr.close()
+    assert sorted(code == 0 for code, _ in results) == [False, True], results
+    stderr = next(err for code, err in results if code != 0)
+    errors = [line for line in stderr.splitlines() if not line.startswith("nmt import: ")]
+    assert "Traceback" not in stderr and len(errors) == 1, stderr
+    assert "in use by" in errors[0] or "already holds files" in errors[0], errors[0]
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config", "vocab"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".run")] == []
+
+
+KILLED_IMPORT = """
+import os, sys
+import nmt.run.checkpoint
+nmt.run.checkpoint.save_checkpoint = lambda *args, **kwargs: os._exit(9)  # killed while writing the run
+from nmt_cli.main import main
+sys.argv = ["nmt", *sys.argv[1:]]
+main()
+"""
+
+
+def test_the_staging_folder_of_a_killed_import_is_removed_by_the_next(hf_folder, tmp_path):
+    import subprocess
+    import sys
+
+    from nmt.pretrained.hf_marian import import_hf_marian
+
+    run = tmp_path / "run"
+    killed = subprocess.run([sys.executable, "-c", KILLED_IMPORT, "import", "-r", str(run), "--from", "hf-marian",
+                             str(hf_folder)], capture_output=True, text=True, timeout=600)
+    assert killed.returncode == 9, killed.stderr
+    assert not run.exists() and [p for p in tmp_path.iterdir() if p.name.startswith(".run") and p.is_dir()]
+    notes: list[str] = []
+    import_hf_marian(hf_folder, run, progress=notes.append)
+    assert any("left by an interrupted import" in note for note in notes), notes
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".run")] == []
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config", "vocab"]
+
+
+def test_an_empty_run_dir_is_imported_into(hf_folder, tmp_path):
+    from nmt.pretrained.hf_marian import import_hf_marian
+
+    run = tmp_path / "run"
+    run.mkdir()
+    import_hf_marian(hf_folder, run)
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config", "vocab"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".run")] == []
+
+
+# -- export: a run's language code names files, so it must be a code --------------------------
+
+
+def test_export_refuses_a_run_whose_language_code_would_write_outside_its_folder(hf_folder, tmp_path):
+    """A run directory imported by an older nmt, which took tokenizer_config.json's source_lang
+    as it was: export refuses it rather than write `../../../escaped_source.spm`."""
+    pytest.importorskip("ctranslate2")
+    from nmt.errors import NmtError
+    from nmt.export.ctranslate2 import export_ctranslate2
+    from nmt.pretrained.hf_marian import import_hf_marian
+    from nmt.run.checkpoint import load_checkpoint, save_checkpoint
+    from nmt.run.directory import RunDir
+    from nmt.run.identity import IDENTITY_KEY, run_identity
+
+    run = tmp_path / "run"
+    import_hf_marian(hf_folder, run)
+    record_path = run / "config" / "preprocess.json"
+    bad = "../../../escaped"
+    record_path.write_text(record_path.read_text(encoding="utf-8").replace('"en"', json.dumps(bad)), encoding="utf-8")
+    checkpoint = run / "checkpoints" / "checkpoint_last.pt"
+    ckpt = load_checkpoint(checkpoint)
+    save_checkpoint(checkpoint, {**ckpt, IDENTITY_KEY: run_identity(RunDir(run))})  # as that nmt wrote it
+    output = tmp_path / "a" / "b" / "c" / "model"
+    with pytest.raises(NmtError, match=r"preprocess.json's source_lang '\.\./\.\./\.\./escaped' may only hold"):
+        export_ctranslate2(run, output)
+    assert [p for p in tmp_path.rglob("*escaped*")] == []
+    assert not output.exists()

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import assert_one_line_error, run_nmt
 from nmt.errors import NmtError
-from nmt.train.plot import plot_learning_curves, read_train_log
+from nmt.train.plot import learning_curves_figure, plot_learning_curves, read_train_log
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -55,6 +55,15 @@ def test_learning_curves_png_with_bleu_panel(tmp_path: Path):
 def test_without_bleu_there_are_two_panels(tmp_path: Path):
     log = write_log(tmp_path / "train.jsonl", with_bleu=False)
     assert png_size(plot_learning_curves(log, tmp_path / "curves.png")) == (1280, 440)
+
+
+def test_a_short_run_is_ticked_at_whole_updates(tmp_path: Path):
+    log = write_log(tmp_path / "train.jsonl", updates=20)  # two train records, at updates 10 and 20
+    fig = learning_curves_figure(read_train_log(log), log)
+    fig.canvas.draw()
+    for ax in fig.axes:
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks), ticks
 
 
 def test_cli_writes_run_dir_learning_curves_png_by_default(tmp_path: Path):

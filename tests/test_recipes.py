@@ -313,6 +313,66 @@ def test_wmt14_dry_run_for_base_averages_the_last_5():
     assert proc.returncode == 0, proc.stderr
     assert "--arch base" in proc.stdout and "--last 5 --kind updates" in proc.stdout
     assert "--max-update 100000" in proc.stdout and "--update-freq 1" in proc.stdout
+    # the committed GPU measurement is of big: no hours are made up for base
+    assert "time: not estimated: the committed GPU measurement" in proc.stdout and "of --arch big" in proc.stdout
+
+
+def wmt14_dry_run(env: dict[str, str]) -> str:
+    proc = run_recipe("wmt14_ende", {"DRY_RUN": "1", "WMT14_URL": UNREACHABLE, **env})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_wmt14_dry_run_states_disk_in_gb_and_hours_that_follow_from_the_committed_results():
+    """MAX_TOKENS=3125 makes 25000 tokens an update on 8 GPUs in one step, on 4 in two: the same
+    updates, so half the GPUs take twice the hours, each figure from the committed measurement."""
+    mod = load_recipe_module("wmt14_ende")
+    rate = mod.gpu_rate()
+    assert rate is not None and rate.arch == "big"
+    committed = rate.path.read_text(encoding="utf-8")
+    assert f"{rate.tokens_per_s:.0f}" in committed and f"{rate.host_ms:g}" in committed
+    hours = {}
+    for gpus, steps in ((8, 1), (4, 2)):
+        out = wmt14_dry_run({"NUM_GPUS": str(gpus), "MAX_TOKENS": "3125"})
+        by_tokens = 300000 * 25000 * rate.fill / (rate.tokens_per_s * gpus * 0.9) / 3600
+        by_host = 300000 * steps * rate.host_ms / 1000 / 0.9 / 3600
+        hours[gpus] = max(by_tokens, by_host)
+        assert f"time: about {hours[gpus]:.1f} h for 300000 updates on {gpus} GPU(s), from bench/results/{rate.path.name}" in out
+        assert f"x 0.9 scaling) = {by_tokens:.1f} h" in out and f"0.9 scaling = {by_host:.1f} h" in out
+        assert "GPU_SCALING=0.9 is assumed" in out and "measured kind" in out
+    assert hours[4] == pytest.approx(2 * hours[8])
+
+    # disk: the checkpoints take the bytes a parameter took in bench-scale's big checkpoint, which are
+    # its fp32 weights and Adam's two moments
+    per_param, source = mod.checkpoint_bytes_per_parameter(mod.RESULTS)
+    assert per_param == pytest.approx(12, rel=0.01) and "_bench-scale.json" in source
+    checkpoint_gb = mod.model_parameters("big", 37000) * per_param / 1e9
+    assert f"22 x {checkpoint_gb:.2f} GB (--arch big" in out and source in out  # the last 20, one being written, best
+    total = float(out.split("disk: about ", 1)[1].split(" GB", 1)[0])
+    assert 22 * checkpoint_gb < total < 22 * checkpoint_gb + 10
+
+
+def test_wmt14_hours_follow_any_gpu_measurement_and_say_which_kind_they_are_for(tmp_path: Path, capsys):
+    """bench_train.py's own output (no host profile): the hours are the GPU work alone, for the
+    measured kind; with no measurement at all the plan says so and gives no hours."""
+    mod = load_recipe_module("wmt14_ende")
+    results = tmp_path / "bench" / "results"
+    results.mkdir(parents=True)
+    s = {**mod.TRAINING, **mod.SETUP, "MAX_UPDATE": 300000, "MAX_TOKENS": 3125}
+    mod.print_time(s, 8, 1, 25000, None, results)
+    assert capsys.readouterr().out.startswith("time: not estimated: no GPU training throughput measurement")
+
+    (results / "2027-01-01_abc1234_a100_bench-train_gpu.json").write_text(json.dumps({
+        "machine": "one NVIDIA A100", "arch": "big", "max_tokens": 25000,
+        "results": {"bf16": {"tgt_tokens_per_s": 100000.0, "seconds": 20.0, "updates": 200}}}), encoding="utf-8")
+    rate = mod.gpu_rate(results)
+    assert rate.fill == pytest.approx(0.4)  # 100000 tokens/s x 0.1 s a step / 25000
+    assert mod.training_hours(300000, 25000, 1, 8, 0.9, rate) == (pytest.approx(3e9 / 720000 / 3600), None)
+    assert mod.training_hours(300000, 25000, 2, 4, 0.9, rate)[0] == pytest.approx(2 * 3e9 / 720000 / 3600)
+    mod.print_time(s, 8, 1, 25000, "NVIDIA H100 80GB HBM3", results)
+    out = capsys.readouterr().out
+    assert out.startswith("time: about 1.2 h for 300000 updates on 8 GPU(s), from bench/results/2027-01-01_abc1234_a100")
+    assert "the estimate is for the measured kind, A100, not them" in out and "host:" not in out
 
 
 def test_wmt14_recipe_refuses_to_train_without_a_gpu_unless_allowed(tmp_path: Path):

@@ -147,6 +147,18 @@ def test_lowercased_moses_bleu_is_multi_bleu_on_lowercased_tokenized_text(multi3
     assert text.startswith("# lowercased, Moses-tokenized BLEU") and f"= {got['bleu']:.2f}" in text
 
 
+def test_lang_defaults_to_the_runs_target_language_else_german(tmp_path):
+    """`--help` says so: plain files take German Moses rules (not English), a run dir its own target."""
+    (tmp_path / "hyp").write_text("Ein Mann fährt Rad.\n", encoding="utf-8")
+    plain = run_nmt("score", "--ref", tmp_path / "hyp", "--hyp", tmp_path / "hyp", "-tok", "moses", "--json", cwd=tmp_path)
+    assert "tok:moses-de" in json.loads(plain.stdout)["signature"], plain.stderr
+    (tmp_path / "run" / "config").mkdir(parents=True)
+    (tmp_path / "run" / "config" / "preprocess.json").write_text(json.dumps({"source_lang": "en", "target_lang": "fr"}))
+    run = run_nmt("score", "--ref", tmp_path / "hyp", "--hyp", tmp_path / "hyp", "-tok", "moses", "--json",
+                  "-r", tmp_path / "run")
+    assert "tok:moses-fr" in json.loads(run.stdout)["signature"], run.stderr
+
+
 def test_moses_tokenization_is_tokenizer_perl_with_default_escaping():
     assert moses_tokenize(HYPS, "de") == ["Das ist ein Test-Fall .", "Er kommt morgen ."]
     assert moses_tokenize(['Er sagt "Hallo" & geht.'], "de") == ["Er sagt &quot; Hallo &quot; &amp; geht ."]

@@ -189,3 +189,37 @@ def test_raising_the_update_limit_continues_a_finished_run(prepared, tmp_path):
     assert more.returncode == 0, more.stderr
     assert "resuming from" in more.stderr
     assert load_checkpoint(run / "checkpoints/checkpoint_last.pt")["train_state"]["update"] == 5
+
+
+def test_interval_throughput_leaves_out_validation_and_saving(prepared, tmp_path, monkeypatch):
+    """wps, src_wps and ups measure training: the validations and saves inside a log interval
+    are left out of its time, while the training clock (wall) keeps them. Each takes 1000 s
+    here, on a clock moved by hand, so the test holds on any machine."""
+    import time
+
+    import nmt.train.loop as train_module
+    from nmt.run.checkpoint_files import CheckpointManager
+    from nmt.train.config import ModelSettings, TrainConfig
+
+    real_monotonic, slept = time.monotonic, [0.0]
+    monkeypatch.setattr(time, "monotonic", lambda: real_monotonic() + slept[0])
+
+    def taking_1000_s(method):
+        def slow(*args, **kwargs):
+            slept[0] += 1000.0
+            return method(*args, **kwargs)
+        return slow
+
+    monkeypatch.setattr(train_module.Trainer, "validate", taking_1000_s(train_module.Trainer.validate))
+    monkeypatch.setattr(CheckpointManager, "save", taking_1000_s(CheckpointManager.save))
+    run = fresh_copy(prepared, tmp_path / "run")
+    cfg = TrainConfig(model=ModelSettings(arch="tiny"), amp="none", max_tokens=256, threads=1, progress_bar=False,
+                      max_update=6, log_interval=3, validate_interval_updates=2, save_interval_updates=2,
+                      save_interval_minutes=0)
+    train_module.train(run, cfg)
+    records = [json.loads(l) for l in (run / "logs/train.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["update"] for r in train] == [3, 6]
+    assert train[-1]["wall"] >= 4000  # two validations and two saves before update 6, on the training clock
+    for r in train:
+        assert 3 * r["wpb"] / r["wps"] < 1000, r  # the interval's seconds as its wps counts them: training only

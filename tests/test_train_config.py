@@ -73,6 +73,24 @@ def test_no_progress_bar_and_no_epoch_checkpoints_flags_still_turn_them_off():
         assert (seen["progress_bar"], seen["epoch_checkpoints"]) == (expected, expected)
 
 
+def test_fairseqs_flag_names_set_the_same_settings():
+    """A fairseq user's `--warmup-updates 4000 --keep-interval-updates 20 --finetune-from-model X`."""
+    import typer
+    from typer.testing import CliRunner
+
+    from nmt_cli.cmd_train import FAIRSEQ_NAMES
+    from nmt_cli.dataclass_options import with_parameters
+
+    seen: dict = {}
+    app = typer.Typer()
+    app.command()(with_parameters(lambda **kwargs: seen.update(kwargs),
+                                  dataclass_parameters(TrainConfig, as_text=("max_time",), aliases=FAIRSEQ_NAMES)))
+    result = CliRunner().invoke(app, ["--warmup-updates", "123", "--keep-interval-updates", "20",
+                                      "--finetune-from-model", "x.pt", "--max-epoch", "3"])
+    assert result.exit_code == 0, result.output
+    assert (seen["warmup"], seen["keep_last"], seen["finetune_from"], seen["max_epoch"]) == (123, 20, "x.pt", 3)
+
+
 def test_a_resume_of_an_old_run_refuses_another_model_by_the_new_flag_name():
     recorded = TrainConfig.from_dict(OLD_FLAT_RECORD)
     asked = TrainConfig(model=ModelSettings(arch="tiny", n_heads=4))

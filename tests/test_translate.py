@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,6 +92,19 @@ def test_every_line_gets_one_line_in_order_even_empty_long_and_bad_bytes(run_dir
     lines = data.decode("utf-8", errors="replace").split("\n")
     alone = [translator.translate([line])[0].hyp for line in lines]
     assert out[:-1] == alone
+
+
+def test_a_warning_says_when_every_translation_is_empty(run_dir):
+    """With no room for a token (--max-len-a 0 --max-len-b 0) every hypothesis is empty: said, not silent."""
+    text = "ein Mann\n\nzwei Hunde\n"
+    proc = run_nmt("translate", "--threads", "1", "-r", run_dir, "--max-len-a", "0", "--max-len-b", "0", input=text)
+    assert proc.returncode == 0 and proc.stdout == "\n\n\n", proc.stderr
+    assert "warning: all 2 non-empty input line(s) got an empty translation" in proc.stderr
+    proc = run_nmt("translate", "--threads", "1", "-r", run_dir, input=text)
+    assert "empty translation" not in proc.stderr or proc.stdout.strip() == ""
+    (run_dir.parent / "empty.de").write_text("\n\n")
+    scored = run_nmt("score", "--ref", run_dir.parent / "empty.de", input="\n\n")
+    assert scored.returncode == 0 and "warning: all 2 hypotheses in <stdin> are empty" in scored.stderr
 
 
 def test_invalid_utf8_is_an_error_naming_the_line(run_dir):
@@ -219,6 +234,30 @@ def test_ensemble_of_a_model_with_itself_translates_as_the_model(run_dir, tmp_pa
     mixed = load_translator(run_dir, [ckpt, other], search, TranslateConfig(device="cpu")).translate(lines)
     assert [t.hyp for t in twice] == [t.hyp for t in single]
     assert [t.hyp for t in mixed] != [t.hyp for t in single]
+
+
+def test_stderr_holds_only_nmts_own_lines_and_no_compiler_tooling_is_imported(run_dir):
+    """torch's extension builder warns about CUDA_HOME on CPU-only machines as it is imported:
+    a translation with the kernels built (or unbuildable) never imports it."""
+    proc = run_nmt("translate", "--threads", "1", "-r", run_dir, input="ein Mann\n")
+    assert proc.returncode == 0 and proc.stderr, proc.stderr
+    assert all(line.startswith("nmt translate: ") for line in proc.stderr.splitlines()), proc.stderr
+    code = ("import sys; from nmt.inference.config import TranslateConfig; from nmt.inference.translator import "
+            f"load_translator; load_translator({str(run_dir)!r}, cfg=TranslateConfig(device='cpu', threads=1))"
+            ".translate(['ein Mann']); print('torch.utils.cpp_extension' in sys.modules)")
+    imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert imported.stdout.split() == ["False"], imported.stderr
+
+
+def test_fairseqs_flag_names_work_as_in_fairseq(run_dir):
+    """`--path a.pt:b.pt` (an ensemble) and `--gen-subset`, as a fairseq user types them."""
+    ckpt = run_dir / "checkpoints" / "checkpoint_last.pt"
+    ours = run_nmt("translate", "--threads", "1", "-r", run_dir, "-c", ckpt, "-c", ckpt, input="ein Mann\n")
+    theirs = run_nmt("translate", "--threads", "1", "-r", run_dir, "--path", f"{ckpt}:{ckpt}", input="ein Mann\n")
+    assert theirs.returncode == 0 and theirs.stdout == ours.stdout, theirs.stderr
+    assert f"ensemble of {ckpt}, {ckpt}" in theirs.stderr
+    subset = run_nmt("translate", "--threads", "1", "-r", run_dir, "--gen-subset", "nosuch")
+    assert "has no split 'nosuch'" in subset.stderr
 
 
 class _RecordingTokenizer:

@@ -36,7 +36,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from nmt.data.tokenizer import VOCAB_TYPES, tokenizer_filename
 from nmt.errors import NmtError
+from nmt.preprocess.config import check_language_code
+from nmt.preprocess.vocab_learning import MARIAN_FILES
 from nmt.run.replace import check_replaceable, holds_only
 
 QUANTIZATIONS = ("int8", "int8_float32", "float16", "bfloat16")
@@ -78,15 +81,25 @@ def read_export_record(model_dir: str | Path) -> dict[str, Any]:
     return record
 
 
+def export_file_names(src_lang: str, tgt_lang: str) -> set[str]:
+    """Every name an export of a run in these languages can write: CTranslate2's files, the
+    record, and the run's tokenizer file(s) under their vocab/ name (preprocess: joint.* or
+    LANG.*; import: source.spm, target.spm), prefixed LANG_ when each side has its own."""
+    vocab = {tokenizer_filename(kind, name) for kind in VOCAB_TYPES for name in ("joint", src_lang, tgt_lang)}
+    vocab |= set(MARIAN_FILES.values())
+    return {EXPORT_RECORD, *CT2_FILES, *vocab, *(f"{lang}_{name}" for lang in (src_lang, tgt_lang) for name in vocab)}
+
+
 def is_export(folder: Path) -> bool:
-    """Whether `folder` is an earlier export: its nmt_export.json and only the files an export
-    writes. Exports of older nmt versions count too (their record may lack fields)."""
+    """Whether `folder` is an earlier export: its nmt_export.json and only files of the names an
+    export writes (`export_file_names` of the record's languages). Names are never taken from
+    the record itself: a hand-made one could list any file for --force to delete."""
     try:
         record = json.loads((folder / EXPORT_RECORD).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        langs = [check_language_code(side, record[side]) for side in ("source_lang", "target_lang")]
+    except (OSError, ValueError, TypeError, KeyError, NmtError):
         return False
-    tokenizers = record.get("tokenizer") if isinstance(record, dict) else None
-    names = {EXPORT_RECORD, *CT2_FILES, *map(str, tokenizers.values() if isinstance(tokenizers, dict) else ())}
+    names = export_file_names(*langs)
     return holds_only(folder, lambda name: name in names)
 
 
@@ -203,7 +216,8 @@ def export_ctranslate2(run_dir: str | Path, output: str | Path, checkpoint: Opti
     ctranslate2 = import_ctranslate2()
     run = RunDir(Path(run_dir))
     record = run.read_record("preprocess")
-    src_lang, tgt_lang = record["source_lang"], record["target_lang"]
+    src_lang, tgt_lang = (check_language_code(f"{run.record_path('preprocess')}'s {side}", record.get(side))
+                          for side in ("source_lang", "target_lang"))  # they name files of the export
     identity = run_identity(run)
     path = resolve_checkpoint(run, checkpoint) if checkpoint is not None else default_checkpoint(run)
     ckpt_identity = checkpoint_identity(load_checkpoint(path, mmap=True))

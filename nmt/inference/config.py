@@ -107,7 +107,8 @@ class TranslateConfig:
         "nmt",
         "nmt: this package's decoder. ctranslate2: CTranslate2 (pip install 'nmt\\[ct2]') on the model exported by "
         "`nmt export --format ctranslate2` (--ct2-model), or exported first into RUN/ctranslate2/; it searches "
-        "with its own rule only: pass --beam-style fairseq --lenpen-style avg.",
+        "with its own rule only, which the command line takes unless told otherwise (said on stderr): "
+        "--beam-style fairseq --lenpen-style avg; other styles given with it are refused.",
     )
     ct2_model: str = setting("", "CTranslate2 model directory for --engine ctranslate2 (default: RUN/ctranslate2/CHECKPOINT, exported when missing or older than the checkpoint).")
     ct2_compute_type: str = setting("default", "CTranslate2 compute type (default: the exported weights' type; int8, int8_float32, float32, bfloat16, ...).")

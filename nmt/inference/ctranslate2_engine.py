@@ -18,8 +18,16 @@ the limit. That is told by the hypotheses: the search stops at the step where th
 hypothesis finishes, so with all k asked for (`num_hypotheses=beam`; with a length penalty the
 stopping rule does not depend on it), the longest one ended at the last step. Only the
 sentences whose longest hypothesis reaches L (and L < M) are searched again, grouped by
-limit: on a trained model a handful or none. One difference stays: at its length limit
-CTranslate2 ends a hypothesis with whatever token comes, nmt forces eos there.
+limit: on a trained model a handful or none.
+
+L counts the tokens before eos; nmt forces eos after them. CTranslate2's `max_decoding_length`
+counts every generated token, eos included, and its last step ends a hypothesis with whatever
+token comes (src/decoding.cc, `is_last_step`). So the engine asks for L steps: a hypothesis
+that took all L without eos is one nmt ends with a forced eos, and it is scored as nmt scores
+it (`score_batch`: log P with eos's, |Y| with eos) before the hypotheses are ranked. A limit of
+0 (which CTranslate2 refuses) leaves the empty translation alone. What stays apart: CTranslate2
+keeps its k best finished hypotheses by its own scores, before eos is added, so a hypothesis it
+dropped there can be missing from the n-best list (on the tiny test model: never the best).
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import fcntl
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from nmt.inference.hypothesis import Hypothesis, TargetRequest
 from nmt.errors import NmtError
@@ -112,6 +120,15 @@ def check_export_vocabulary(model_dir: Path, record: dict, src_tokenizer: Tokeni
                        f"or pass the --run-dir it was exported from")
 
 
+def _best_distinct(hyps: list[Hypothesis], n: int) -> list[Hypothesis]:
+    """The `n` best hypotheses, each token sequence once: a prefix that fills the whole limit
+    comes back once per beam (CTranslate2 scores all but one -1e10), and eos scores them alike."""
+    best: dict[tuple[int, ...], Hypothesis] = {}
+    for h in sorted(hyps, key=lambda h: h.score, reverse=True):
+        best.setdefault(tuple(h.tokens), h)
+    return list(best.values())[:n]
+
+
 class CTranslate2Decoder:
     """The decoding strategy whose search runs in CTranslate2, on an exported model."""
 
@@ -157,7 +174,8 @@ class CTranslate2Decoder:
     def decode(self, ids: list[list[int]], search: SearchConfig, requests: Optional[Sequence[TargetRequest]] = None,
                alignment_layer: Optional[int] = None) -> list[list[Hypothesis]]:
         """Each line's hypotheses from CTranslate2's beam search (nmt's `Decoder` contract):
-        one call for all lines, then again for the few that reached their own limit (see above)."""
+        one call for all lines, again for the few that reached their own limit, then eos
+        after the hypotheses that took every step (see above)."""
         check_search_for_ctranslate2(search)
         if requests is not None and any(r.constraints for r in requests):
             raise NmtError("--engine ctranslate2 has no constrained search; translate with --constraints on --engine nmt")
@@ -168,20 +186,33 @@ class CTranslate2Decoder:
         lines = [i for i, seq in enumerate(ids) if seq]
         if not lines:
             return hyps
-        prefixes = [list(requests[i].prefix) for i in lines] if requests is not None else None
+        prefixes = {i: list(requests[i].prefix) if requests is not None else [] for i in lines}
         limits = {i: self.decoding_length(len(ids[i]), search) for i in lines}
-        longest = max(limits.values())
-        again: dict[int, list[int]] = {}
-        for n, (i, result) in enumerate(zip(lines, self._search([ids[i] for i in lines], longest, search, prefixes, attention))):
-            steps = max(len(pieces) for pieces in result.hypotheses)
-            if steps < limits[i] or limits[i] == longest:
-                hyps[i] = self._hypotheses(result, search, attention)
-            else:
-                again.setdefault(limits[i], []).append(n)
-        for limit, group in again.items():
-            group_prefixes = [prefixes[n] for n in group] if prefixes is not None else None
-            for n, result in zip(group, self._search([ids[lines[n]] for n in group], limit, search, group_prefixes, attention)):
-                hyps[lines[n]] = self._hypotheses(result, search, attention)
+        searched = [i for i in lines if limits[i] > 0]
+        results: dict[int, Any] = {}  # line: its CTranslate2 TranslationResult
+        if searched:
+            longest = max(limits[i] for i in searched)
+            again: dict[int, list[int]] = {}
+            for i, result in zip(searched, self._search(ids, searched, longest, search, prefixes, attention)):
+                steps = max(len(pieces) for pieces in result.hypotheses)
+                if steps < limits[i] or limits[i] == longest:
+                    results[i] = result
+                else:
+                    again.setdefault(limits[i], []).append(i)
+            for limit, group in again.items():
+                results.update(zip(group, self._search(ids, group, limit, search, prefixes, attention)))
+        at_limit = [(i, Hypothesis([], 0.0, 0.0)) for i in lines if i not in results]  # limit 0: the empty translation
+        for i, result in results.items():
+            for h, ended in self._hypotheses(result, search, attention):
+                if ended:
+                    hyps[i].append(h)
+                else:
+                    at_limit.append((i, h))
+        for (i, h), log_prob in zip(at_limit, self._log_probs_with_eos(ids, prefixes, at_limit)):
+            length = len(h.tokens) + 1  # the forced eos
+            hyps[i].append(Hypothesis(h.tokens, log_prob / length**search.lenpen, log_prob, h.attention))
+        for i in lines:
+            hyps[i] = _best_distinct(hyps[i], search.nbest)
         if attention:
             for i, row in zip(lines, self._first_attention_rows([ids[i] for i in lines])):
                 if hyps[i] and hyps[i][0].attention:
@@ -204,30 +235,42 @@ class CTranslate2Decoder:
                            f"export it again with `nmt export --force` for the default layer, or align with --engine nmt")
 
     def decoding_length(self, source_length: int, search: SearchConfig) -> int:
-        """CTranslate2's `max_decoding_length` for nmt's limit: its tokens before eos, plus eos."""
-        return search.max_output_length(source_length, self.max_positions) + 1
+        """CTranslate2's `max_decoding_length` for nmt's limit: the tokens before eos (see above)."""
+        return search.max_output_length(source_length, self.max_positions)
 
-    def _search(self, ids: list[list[int]], max_length: int, search: SearchConfig,
-                prefixes: Optional[list[list[int]]] = None, attention: bool = False) -> list:
-        """One `translate_batch`: CTranslate2 sorts the lines and cuts token-based batches."""
+    def _search(self, ids: list[list[int]], lines: list[int], max_length: int, search: SearchConfig,
+                prefixes: dict[int, list[int]], attention: bool = False) -> list:
+        """One `translate_batch` of `lines`: CTranslate2 sorts them and cuts token-based batches."""
         target_prefix = None
-        if prefixes is not None and any(prefixes):
-            target_prefix = [[self.tgt_pieces[t] for t in p] or None for p in prefixes]
+        if any(prefixes[i] for i in lines):
+            target_prefix = [[self.tgt_pieces[t] for t in prefixes[i]] or None for i in lines]
         return self.engine.translate_batch(
-            [[self.src_pieces[t] for t in seq] for seq in ids], target_prefix,
+            [[self.src_pieces[t] for t in ids[i]] for i in lines], target_prefix,
             max_batch_size=self.max_tokens, batch_type="tokens", beam_size=search.beam, patience=1,
             length_penalty=search.lenpen, num_hypotheses=search.beam, return_scores=True, return_end_token=True,
             min_decoding_length=0, max_decoding_length=max_length, suppress_sequences=self.suppress,
             return_attention=attention,
         )
 
-    def _hypotheses(self, result, search: SearchConfig, attention: bool = False) -> list[Hypothesis]:
-        """The `nbest` best of a result (CTranslate2 sorts them), as nmt's hypotheses."""
+    def _hypotheses(self, result, search: SearchConfig, attention: bool = False) -> list[tuple[Hypothesis, bool]]:
+        """Every hypothesis of a result as nmt's, and whether it ended with eos (the others took
+        every step the limit allowed)."""
         found = []
-        for n, (pieces, score) in enumerate(zip(result.hypotheses[: search.nbest], result.scores)):
+        for n, (pieces, score) in enumerate(zip(result.hypotheses, result.scores)):
             length = len(pieces)  # eos included, as nmt counts |Y|
-            if pieces and pieces[-1] == self.eos_piece:
-                pieces = pieces[:-1]
-            weights = [list(row) for row in result.attention[n]] if attention and n == 0 else None
-            found.append(Hypothesis([self.tgt_ids[p] for p in pieces], score, score * length**search.lenpen, weights))
+            ended = bool(pieces) and pieces[-1] == self.eos_piece
+            weights = [list(row) for row in result.attention[n]] if attention else None
+            tokens = [self.tgt_ids[p] for p in (pieces[:-1] if ended else pieces)]
+            found.append((Hypothesis(tokens, score, score * length**search.lenpen, weights), ended))
         return found
+
+    def _log_probs_with_eos(self, ids: list[list[int]], prefixes: dict[int, list[int]],
+                            hyps: list[tuple[int, Hypothesis]]) -> list[float]:
+        """log P of each line's hypothesis followed by eos (after its line's prefix, as the search
+        counts it): what nmt's search adds when it forces eos at the limit."""
+        if not hyps:
+            return []
+        scored = self.engine.score_batch([[self.src_pieces[t] for t in ids[i]] for i, _ in hyps],
+                                         [[self.tgt_pieces[t] for t in h.tokens] for _, h in hyps],
+                                         max_batch_size=self.max_tokens, batch_type="tokens")
+        return [sum(s.log_probs[len(prefixes[i]):]) for (i, _), s in zip(hyps, scored)]

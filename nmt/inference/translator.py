@@ -25,7 +25,7 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Protocol, Sequence, Union
 
-from nmt.data.tokenizer import Tokenizer, load_tokenizer
+from nmt.data.tokenizer import UNK_SURFACE, Tokenizer, load_tokenizer
 from nmt.errors import NmtError
 from nmt.inference.checkpoints import default_checkpoint, resolve_checkpoint
 from nmt.inference.config import AlignmentConfig, SearchConfig, TranslateConfig
@@ -123,6 +123,9 @@ class Translator:
         self.unmet_constraints = 0
         """Lines whose translation misses one of its constraint phrases (it reached the length
         limit first) so far."""
+        self.unknown_constraints = 0
+        """Constraint phrases with characters the target vocabulary lacks so far: <unk> stands
+        in for them, so the search "meets" such a phrase with " ⁇ " (the first is named on stderr)."""
 
     @property
     def models(self) -> list[Transformer]:
@@ -143,6 +146,7 @@ class Translator:
         if requests is not None:
             self.unmet_constraints += sum(1 for r, found in zip(requests, hyps)
                                           if found and not all(_contains(found[0].tokens, c) for c in r.constraints))
+            self._count_unknown_constraints(requests, constraints, first_line)
 
         flat = [h.tokens for found in hyps for h in found]
         decoded = self.tgt_tokenizer.decode(flat) if flat else []
@@ -206,6 +210,20 @@ class Translator:
                                    f"--max-len-b {self.search.max_len_b}); shorten them or raise --max-len-b")
             requests.append(request)
         return requests
+
+    def _count_unknown_constraints(self, requests: list[TargetRequest], constraints: Optional[Sequence[Sequence[str]]],
+                                   first_line: int) -> None:
+        """Count the constraint phrases that encode to <unk> somewhere, and name the first one
+        on stderr: "Äste" without "Ä" in the vocabulary was silently met by " ⁇ ste"."""
+        unk = self.tgt_tokenizer.special_ids.unk
+        lines = [i for i, r in enumerate(requests) for phrase in r.constraints if unk in phrase]
+        if lines and not self.unknown_constraints:
+            i = lines[0]
+            text = next(p for p in constraints[i] if unk in self._target_ids([p])[0])
+            print(f"nmt translate: warning: line {first_line + i}: constraint {text!r} has characters the target "
+                  f"vocabulary lacks; <unk> stands in for them, so the translation holds \"{UNK_SURFACE.strip()}\" "
+                  f"instead (further such phrases are only counted)", file=sys.stderr)
+        self.unknown_constraints += len(lines)
 
     def _target_ids(self, texts: list[str]) -> list[list[int]]:
         """Raw target text (prefixes, phrases) as the model's target ids."""

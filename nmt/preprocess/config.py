@@ -26,6 +26,16 @@ NORMALIZATION = (
 )
 
 
+def check_language_code(what: str, lang: Any) -> str:
+    """`lang`, if it is a language code: letters, digits, '-' and '_' only. A code names files
+    (PREFIX.LANG, vocab/LANG.model, an export's LANG_source.spm), so a '/' or '..' in it would
+    write outside the folder nmt was given. The one rule for every command that takes a code
+    (preprocess's -s/-t, import, export); `what` says where the code came from."""
+    if not isinstance(lang, str) or not lang or not all(c.isalnum() or c in "-_" for c in lang):
+        raise NmtError(f"{what} {lang!r} may only hold letters, digits, '-' and '_'")
+    return lang
+
+
 @dataclass
 class PreprocessConfig:
     """Every `nmt preprocess` setting; the CLI flags, `--help` and the record come from here."""
@@ -111,8 +121,7 @@ class PreprocessConfig:
         for flag, lang in (("--source-lang/-s", self.source_lang), ("--target-lang/-t", self.target_lang)):
             if not lang:
                 raise NmtError(f"{flag} is required (the file suffix of that language, e.g. en)")
-            if not all(c.isalnum() or c in "-_" for c in lang):
-                raise NmtError(f"{flag} {lang!r} may only hold letters, digits, '-' and '_'")
+            check_language_code(flag, lang)
         if self.source_lang == self.target_lang:
             raise NmtError(f"--source-lang and --target-lang are both {self.source_lang!r}; they must differ")
         if self.vocab_type not in VOCAB_TYPES:

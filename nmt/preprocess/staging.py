@@ -11,6 +11,7 @@ from typing import Iterator
 
 from nmt.errors import NmtError
 from nmt.preprocess.config import RECORD
+from nmt.run.atomic import fsync_directory
 from nmt.run.replace import check_replaceable, holds_only
 from nmt.run.directory import RunDir
 
@@ -87,6 +88,7 @@ def install(stage: Path, root: Path) -> None:
     if not root.exists():
         root.parent.mkdir(parents=True, exist_ok=True)
         os.rename(stage, root)
+        fsync_directory(root.parent)
         return
     check_replaceable_results(root)  # again where it deletes: only what preprocess wrote goes
     run = RunDir(root)
@@ -100,4 +102,6 @@ def install(stage: Path, root: Path) -> None:
             os.rename(root / name, old / name)
         os.rename(stage / name, root / name)
     run.config_dir.mkdir(exist_ok=True)
+    fsync_directory(root)  # vocab/ and data/ are in place on disk before the record claims them
     os.replace(stage / "config" / f"{RECORD}.json", run.record_path(RECORD))
+    fsync_directory(run.config_dir)

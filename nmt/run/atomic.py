@@ -1,11 +1,13 @@
-"""Atomic file writes: a temp file in the same folder, fsync, then rename.
+"""Atomic file writes: a temp file in the same folder, fsync, rename, then fsync the folder.
 
 A crash mid-write must never leave a half-written record or checkpoint where a later step
-would read it; `os.replace` is atomic on POSIX within one filesystem.
+would read it; `os.replace` is atomic on POSIX within one filesystem. The rename itself is
+durable only once its folder is synced (`fsync_directory`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -37,6 +39,36 @@ def remove_leftover_temps(folder: Path) -> list[Path]:
     return removed
 
 
+def fsync_directory(path: str | os.PathLike) -> None:
+    """Flush the folder `path`'s entries to disk, after a rename that publishes a file in it.
+
+    fsync of a file does not persist its name: until the folder is synced, a power loss can
+    undo a rename, losing a just-written checkpoint_last.pt or record (the old one or none comes
+    back). A filesystem that cannot sync a folder (EINVAL) is left to its own ordering.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno != errno.EINVAL:
+            raise
+    finally:
+        os.close(fd)
+
+
+def current_umask() -> int:
+    """The process's umask, which files nmt publishes follow as `open` would (0644 under 022)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o22)  # where /proc has no Umask line: read it by setting it (not thread-safe, rare)
+    os.umask(mask)
+    return mask
+
+
 def check_file_target(path: Path, flag: str, default_name: str) -> None:
     """Refuse an output path that names a folder, before any work is done."""
     if path.is_dir():
@@ -59,7 +91,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp_path
         with open(tmp_path, "rb") as f:
             os.fsync(f.fileno())
+        os.chmod(tmp_path, 0o666 & ~current_umask())  # mkstemp's 0600 would hide it from the user's team
         os.replace(tmp_path, path)
+        fsync_directory(path.parent)
     except OSError as e:
         # A write into the temp file (a full disk) names no file, or the hidden temp name:
         # name the file the user asked for.

@@ -2,7 +2,8 @@
 
 One training state is serialised once per save; its other names (checkpoint_last.pt,
 checkpoint_best.pt, ...) are hard links swapped in atomically, so a save costs one write
-and no name ever points at a half-written file.
+and no name ever points at a half-written file; the folder is synced after the swaps, so
+that a power loss cannot undo them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from nmt.run.atomic import fsync_directory
 from nmt.run.checkpoint import save_checkpoint
 
 # fairseq's names: checkpoint{epoch}.pt at epoch ends, checkpoint_{epoch}_{update}.pt at
@@ -98,6 +100,8 @@ class CheckpointManager:
             except OSError:  # filesystems without hard links
                 shutil.copyfile(first, tmp)
             os.replace(tmp, target)
+        if len(names) > 1:
+            fsync_directory(self.folder)  # the links' renames; save_checkpoint synced the first name's
 
     def prune(self) -> None:
         if self.keep_last >= 0:

@@ -13,9 +13,11 @@
 It translates with `nmt.api.Model`, the engine of `nmt translate`, through `nmt.serve.batcher`, so
 concurrent requests share model calls. Every error a client can cause is a 4xx with a JSON
 {"error": "..."} of one line; anything else is a 500 with no details (the traceback goes to
-the server's log only). On SIGTERM the server stops accepting connections, answers the
-requests it holds (a 503 to those still sending their body; the others are translated, for
-GRACEFUL_SHUTDOWN_S at most), and exits 0.
+the server's log only). On SIGTERM the server stops accepting connections and answers every
+request it holds: a 503 at once to those still sending their body or not yet started, the
+others translated if they finish within --shutdown-grace-s, else a 503; the model stops after
+the call in progress, and the server exits 0. A request whose client went away is dropped: the
+model never translates its sentences not yet in a call.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ import time
 from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Optional, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence
 
 from nmt.errors import NmtError
+from nmt.serve.batcher import Batcher, ShuttingDown
 from nmt.serve.config import ServeConfig
 from nmt.inference.config import SearchConfig
 
@@ -82,19 +85,41 @@ def parse_body(body: bytes, cfg: ServeConfig) -> tuple[list[Any], bool, dict[str
         raise ClientError(400, f'"text" must be a string or a list of strings, not {_json_type(text_value)}'
                                + (" with other items" if isinstance(lines, list) else ""))
     if len(lines) > cfg.max_lines:
-        raise ClientError(413, f"{len(lines)} sentences is more than this server takes at once ({cfg.max_lines}); split the request")
-    chars = sum(map(len, lines))
-    if chars > cfg.max_chars:
-        raise ClientError(413, f"{chars} characters is more than this server takes at once ({cfg.max_chars}); split the request")
-    for i, line in enumerate(lines):
-        try:
-            line.encode("utf-8")
-        except UnicodeEncodeError as e:  # JSON lets "\ud800" stand alone; no tokenizer can read it
-            where = "" if single else f" (item {i})"
-            raise ClientError(400, f'"text"{where} holds a lone surrogate {line[e.start]!r} at character {e.start}, '
-                                   "which is no character; send a whole surrogate pair") from None
+        raise ClientError(413, f"{len(lines)} sentences is more than this server takes at once "
+                               f"(--max-lines {cfg.max_lines}); split the request")
     prefixes, phrases = _target_requests(data, lines, single)
+    chars = sum(map(len, lines)) + sum(map(len, prefixes)) + sum(len(p) for line_phrases in phrases for p in line_phrases)
+    if chars > cfg.max_chars:
+        raise ClientError(413, f"{chars} characters (texts, prefixes and constraints) is more than this server takes "
+                               f"at once (--max-chars {cfg.max_chars}); split the request")
+    for i, (line, prefix, line_phrases) in enumerate(zip(lines, prefixes, phrases)):
+        item = [] if single else [f"item {i}"]
+        _refuse_lone_surrogates(line, "text", item)
+        _refuse_lone_surrogates(prefix, "prefix", item)
+        for j, phrase in enumerate(line_phrases):
+            _refuse_lone_surrogates(phrase, "constraints", [*item, f"phrase {j}"])
+        if len(line_phrases) > cfg.max_phrases:
+            raise ClientError(400, f"{_field('constraints', item)} has {len(line_phrases)} phrases, more than this "
+                                   f"server takes per sentence (--max-phrases {cfg.max_phrases})")
+        if (phrase_chars := sum(map(len, line_phrases))) > cfg.max_phrase_chars:
+            raise ClientError(400, f"{_field('constraints', item)} has {phrase_chars} characters, more than this "
+                                   f"server takes per sentence (--max-phrase-chars {cfg.max_phrase_chars})")
     return list(zip(lines, prefixes, phrases)), single, _search_overrides(data, cfg)
+
+
+def _refuse_lone_surrogates(value: str, name: str, where: list[str]) -> None:
+    """JSON lets "\\ud800" stand alone, but it is no character: no tokenizer can read it (a 500
+    from deep inside the model call, for every client sharing it)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ClientError(400, f"{_field(name, where)} holds a lone surrogate {value[e.start]!r} at character {e.start}, "
+                               "which is no character; send a whole surrogate pair") from None
+
+
+def _field(name: str, where: list[str]) -> str:
+    """A request field in a refusal: '"constraints" (item 2, phrase 0)'."""
+    return f'"{name}" ({", ".join(where)})' if where else f'"{name}"'
 
 
 def _target_requests(data: dict[str, Any], lines: list[str], single: bool) -> tuple[list[str], list[list[str]]]:
@@ -181,8 +206,6 @@ class TranslationService:
     def __init__(self, load_model: Callable[[], Any], cfg: ServeConfig):
         """`load_model` runs on the batcher's worker thread, the one thread that ever computes
         with the model (see `nmt.serve.batcher`: a second computing thread halved CPU speed)."""
-        from nmt.serve.batcher import Batcher
-
         self.cfg = cfg
         self.batcher = Batcher(self._translate, cfg.batch_window_ms / 1000.0, cfg.max_batch_sentences, init=load_model)
         self.model = self.batcher.wait_ready()
@@ -217,15 +240,24 @@ class TranslationService:
         except NmtError as e:
             raise ClientError(400, str(e).replace("--", "")) from None
 
-    async def translate(self, lines: list[str], search: dict[str, Any]) -> list[Any]:
+    async def translate(self, lines: list[str], search: dict[str, Any], give_up: asyncio.Future) -> Optional[list[Any]]:
+        """The translations of `lines`; None when `give_up` (the client went away, the shutdown's
+        grace ended) comes first: then the batcher drops the request, and none of its sentences
+        not yet in a model call is translated. ShuttingDown when the batcher takes no more work."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
 
         def done(found: Optional[list[Any]], error: Optional[BaseException]) -> None:
             loop.call_soon_threadsafe(_settle, future, found, error)
 
-        self.batcher.submit(lines, search, done)
-        return await future
+        ticket = self.batcher.submit(lines, search, done)
+        try:
+            await asyncio.wait({future, give_up}, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # also when uvicorn cancels this request
+            if not future.done():
+                future.cancel()
+                self.batcher.cancel(ticket)
+        return None if future.cancelled() else future.result()
 
     def info(self) -> dict[str, Any]:
         from nmt.run.directory import RunDir
@@ -250,8 +282,9 @@ class TranslationService:
             "parameters": parameters,
             "checkpoints": self.checkpoints,
             "settings": self.settings({}),
-            "limits": {"max_chars": self.cfg.max_chars, "max_lines": self.cfg.max_lines, "max_beam": self.cfg.max_beam,
-                       "batch_window_ms": self.cfg.batch_window_ms, "max_batch_sentences": self.cfg.max_batch_sentences},
+            "limits": {name: getattr(self.cfg, name) for name in (
+                "max_chars", "max_lines", "max_beam", "max_phrases", "max_phrase_chars", "batch_window_ms",
+                "max_batch_sentences", "shutdown_grace_s")},
             "stats": asdict(self.batcher.stats),
         }
 
@@ -309,9 +342,12 @@ DRAIN_BYTES = 64 << 20
 whole body before it reads (Python's http.client, curl without Expect) gets a connection reset
 instead of the 413 when the server closes the connection with its data unread."""
 
-GRACEFUL_SHUTDOWN_S = 30.0
-"""After SIGTERM, how long the requests being translated have to be answered before they are
-cancelled; a client that never reads its answer cannot keep the server alive longer."""
+ANSWER_TIMEOUT_S = 10.0
+"""After the shutdown's grace period every request is answered; uvicorn gives the answers this
+long to be sent, then closes the connections, so a client that never reads its answer cannot
+keep the server alive."""
+
+SHUTTING_DOWN = "the server is shutting down; send the request again"
 
 
 async def _receive_body(request: Any, limit: int) -> Optional[bytes]:
@@ -327,9 +363,17 @@ async def _receive_body(request: Any, limit: int) -> Optional[bytes]:
     return bytes(body) if received <= limit else None
 
 
+async def _disconnected(request: Any) -> None:
+    """Return once the client has closed its connection. After the body, uvicorn's `receive`
+    waits for that (or for the answer to be sent)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def build_app(service: TranslationService, body_timeout: float = BODY_TIMEOUT_S) -> Any:
-    """The Starlette app: routes, JSON errors, and the batcher closed at shutdown. Setting
-    `app.state.stopping` (at SIGTERM) answers the requests still sending their bodies with a 503."""
+    """The Starlette app: routes, JSON errors, and the batcher closed at shutdown.
+    `app.state.shut_down()` (at SIGTERM) starts the shutdown; setting `app.state.stopping`
+    alone answers the requests still sending their bodies with a 503."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import ClientDisconnect, Request
@@ -338,6 +382,14 @@ def build_app(service: TranslationService, body_timeout: float = BODY_TIMEOUT_S)
 
     page = resources.files("nmt.serve").joinpath("page.html").read_text(encoding="utf-8")
     stopping = asyncio.Event()
+    out_of_time = asyncio.Event()
+
+    def shut_down() -> None:
+        """A 503 now to the bodies still arriving and the requests not started; the others have
+        shutdown_grace_s to finish, then get a 503 too."""
+        stopping.set()
+        service.batcher.stop()
+        asyncio.get_running_loop().call_later(service.cfg.shutdown_grace_s, out_of_time.set)
 
     async def read_body(request: Request) -> bytes:
         """The body: at most max_body_bytes (413), within `body_timeout` (408), unless SIGTERM comes first (503)."""
@@ -355,7 +407,7 @@ def build_app(service: TranslationService, body_timeout: float = BODY_TIMEOUT_S)
         if reading not in done:
             reading.cancel()
             if stopping.is_set():
-                raise ClientError(503, "the server is shutting down; send the request again")
+                raise ClientError(503, SHUTTING_DOWN)
             raise ClientError(408, f"the body did not arrive within {body_timeout:g} s")
         try:
             body = reading.result()
@@ -375,7 +427,17 @@ def build_app(service: TranslationService, body_timeout: float = BODY_TIMEOUT_S)
             # After a 408 or 503 the rest of the body may still trickle in: close rather than wait for it.
             headers = {"connection": "close"} if e.status in (408, 503) else None
             return JSONResponse({"error": e.reason}, status_code=e.status, headers=headers)
-        found = await service.translate(lines, search)
+        if await request.is_disconnected():  # gone while its body was parsed: no model work for no one
+            return JSONResponse({"error": "the client closed the connection before its answer"}, status_code=400)
+        give_up = asyncio.ensure_future(_first(_disconnected(request), out_of_time.wait()))
+        try:
+            found = await service.translate(lines, search, give_up)
+        except ShuttingDown:
+            found = None
+        finally:
+            give_up.cancel()
+        if found is None:  # shutting down, or the client went away (then no one reads this)
+            return JSONResponse({"error": SHUTTING_DOWN}, status_code=503, headers={"connection": "close"})
         return JSONResponse({
             "translations": [{"text": t.hyp, "score": t.score, "nbest": [{"text": h, "score": s} for h, s in t.nbest],
                               **({"alignment": t.alignment} if t.alignment is not None else {})} for t in found],
@@ -417,7 +479,18 @@ def build_app(service: TranslationService, body_timeout: float = BODY_TIMEOUT_S)
         lifespan=lifespan,
     )
     app.state.stopping = stopping
+    app.state.shut_down = shut_down
     return app
+
+
+async def _first(*waits: Awaitable[Any]) -> None:
+    """Return when the first of `waits` does; the others are cancelled."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 def serve(run_dir: str | Path, checkpoints: Sequence[str | Path], settings: dict[str, Any], cfg: ServeConfig) -> None:
@@ -445,11 +518,11 @@ def serve(run_dir: str | Path, checkpoints: Sequence[str | Path], settings: dict
         """uvicorn's server, telling the app when the shutdown begins."""
 
         async def shutdown(self, sockets: Optional[list[socket.socket]] = None) -> None:
-            app.state.stopping.set()  # bodies still arriving would hold up the shutdown: a 503 now
+            app.state.shut_down()
             await super().shutdown(sockets)
 
     config = uvicorn.Config(app, access_log=False, log_level="warning",
-                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on")
+                            timeout_graceful_shutdown=cfg.shutdown_grace_s + ANSWER_TIMEOUT_S, lifespan="on")
     server = Server(config)
     host, port = sock.getsockname()[:2]
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

@@ -14,6 +14,11 @@ spread over several calls and a one-sentence request that arrives meanwhile ride
 very next call. Requests with other beam search settings cannot share a call: the settings
 of the oldest waiting request choose the call.
 
+A request whose client went away is dropped (`cancel`): its sentences not yet in a call are
+never translated. At shutdown (`stop`) the requests that have not started are answered with
+ShuttingDown at once and new ones are refused; those started go on, call by call, until they
+are done or cancelled, so the model stops at the end of the call in progress.
+
 The worker thread can also load the model (`init`), so that one thread does all of the
 model's work. That matters on CPU: PyTorch's OpenMP runtime (libgomp) gives every thread that
 runs parallel operations its own team of worker threads, and once a process holds more of
@@ -36,7 +41,11 @@ TranslateFn = Callable[[Sequence[str], dict[str, Any]], list[Translation]]
 """(sentences, beam search overrides) -> one Translation per sentence, in order."""
 
 Done = Callable[[Optional[list[Translation]], Optional[BaseException]], None]
-"""Called once per request from the worker thread: the translations, or the error."""
+"""Called once per request (unless it is cancelled): the translations, or the error."""
+
+
+class ShuttingDown(RuntimeError):
+    """The batcher takes no more work: the request was not translated, and may be sent again."""
 
 
 @dataclass
@@ -50,6 +59,7 @@ class _Request:
     taken: int = 0
     finished: int = 0
     failed: bool = False
+    """Answered with an error, or cancelled: its results are dropped."""
 
 
 @dataclass
@@ -61,6 +71,8 @@ class BatchStats:
     batches: int = 0
     largest_batch: int = 0
     errors: int = 0
+    cancelled: int = 0
+    """Requests given up before their answer (client gone, or shutdown out of time)."""
     busy_seconds: float = 0.0
     """Time spent in model calls: against the wall clock, how busy the model was."""
 
@@ -80,6 +92,7 @@ class Batcher:
         self._waiting: list[_Request] = []
         self._cond = threading.Condition()
         self._closed = False
+        self._stopping = False
         self._idle_since = 0.0
         self._expected = max_sentences
         """Sentences that start a call before its window ends: the previous call's."""
@@ -87,19 +100,40 @@ class Batcher:
         self._thread = threading.Thread(target=self._run, name="nmt-batcher", daemon=True)
         self._thread.start()
 
-    def submit(self, lines: Sequence[str], search: dict[str, Any], done: Done) -> None:
-        """Queue `lines`; `done` is called from the worker thread when all are translated."""
+    def submit(self, lines: Sequence[str], search: dict[str, Any], done: Done) -> _Request:
+        """Queue `lines`; `done` is called from the worker thread when all are translated. The
+        request returned is what `cancel` takes."""
         req = _Request(list(lines), dict(search), tuple(sorted(search.items())), done, time.monotonic())
         req.results = [None] * len(req.lines)
         with self._cond:
-            if self._closed:
-                raise RuntimeError("the batcher is closed")
+            if self._closed or self._stopping:
+                raise ShuttingDown("the batcher is closed: the server is shutting down")
             self.stats.requests += 1
             if not req.lines:
                 done([], None)
-                return
+                return req
             self._waiting.append(req)
             self._cond.notify()
+        return req
+
+    def cancel(self, req: _Request) -> None:
+        """Give up `req` (its client went away, or the shutdown ran out of time): none of its
+        sentences not yet in a call is translated, and `done` is not called."""
+        with self._cond:
+            if req.failed or req.finished == len(req.lines):
+                return
+            self.stats.cancelled += 1
+            self._drop([req])
+
+    def stop(self) -> None:
+        """Shutting down: refuse new requests, answer the waiting ones that have not started
+        with ShuttingDown now, and go on with those started (cancel them when out of time)."""
+        with self._cond:
+            self._stopping = True
+            unstarted = self._drop([r for r in self._waiting if r.taken == 0])
+            self._cond.notify()
+        for req in unstarted:
+            req.done(None, ShuttingDown("the server is shutting down"))
 
     def wait_ready(self) -> Any:
         """Wait for `init` on the worker thread; its result, or its exception raised here."""
@@ -132,7 +166,7 @@ class Batcher:
                 if not self._waiting:
                     return
                 deadline = max(self._waiting[0].arrived, self._idle_since) + self.window
-                while (not self._closed and self._waiting_like(self._waiting[0].key) < self._expected
+                while (not (self._closed or self._stopping) and self._waiting_like(self._waiting[0].key) < self._expected
                        and (left := deadline - time.monotonic()) > 0):
                     self._cond.wait(left)
                 batch = self._take()
@@ -165,24 +199,30 @@ class Batcher:
         try:
             found = self._translate([req.lines[i] for req, i in batch], req0.search)
         except BaseException as e:  # noqa: BLE001 - every waiting client must hear of it
-            self._fail({id(req): req for req, _ in batch}.values(), e)
+            with self._cond:
+                self.stats.errors += 1
+                failed = self._drop(list({id(req): req for req, _ in batch}.values()))
+            for req in failed:
+                req.done(None, e)
             return
         with self._cond:
             self.stats.busy_seconds += time.monotonic() - start
             self.stats.batches += 1
             self.stats.sentences += len(batch)
             self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
-        for (req, i), tr in zip(batch, found):
-            req.results[i] = tr
-            req.finished += 1
-            if req.finished == len(req.lines) and not req.failed:
-                req.done(list(req.results), None)  # type: ignore[arg-type]
+            complete = []
+            for (req, i), tr in zip(batch, found):
+                req.results[i] = tr
+                req.finished += 1
+                if req.finished == len(req.lines) and not req.failed:
+                    complete.append(req)
+        for req in complete:
+            req.done(list(req.results), None)  # type: ignore[arg-type]
 
-    def _fail(self, requests: Any, error: BaseException) -> None:
-        with self._cond:
-            self.stats.errors += 1
-            for req in requests:
-                req.failed = True
-            self._waiting = [r for r in self._waiting if not r.failed]
-        for req in requests:
-            req.done(None, error)
+    def _drop(self, requests: list[_Request]) -> list[_Request]:
+        """Take `requests` out of the queue for good (the lock held); those not dropped before."""
+        dropped = [r for r in requests if not r.failed]
+        for req in dropped:
+            req.failed = True
+        self._waiting = [r for r in self._waiting if not r.failed]
+        return dropped

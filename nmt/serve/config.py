@@ -27,15 +27,30 @@ class ServeConfig:
     max_batch_sentences: int = setting(
         64, "Sentences per model call at most; a big request is spread over several calls, "
             "taking turns with the other waiting requests, so small requests are not stuck behind it.")
-    max_chars: int = setting(20000, "Characters per request at most (all its sentences together); more gets a 413.")
+    max_chars: int = setting(20000, "Characters per request at most (its texts, prefixes and constraint phrases "
+                                    "together); more gets a 413.")
     max_lines: int = setting(256, "Sentences per request at most; more gets a 413.")
     max_beam: int = setting(16, f"Largest beam a request may ask for (at most {MAX_BEAM}); more gets a 400.")
+    max_phrases: int = setting(
+        8, "Constraint phrases per sentence at most; more gets a 400. Each unmet phrase adds candidates to every "
+           "hypothesis at every step of the constrained search, so phrases add to its work; a glossary rarely puts "
+           "more than a few terms in one sentence.")
+    max_phrase_chars: int = setting(
+        200, "Characters of a sentence's constraint phrases together at most; more gets a 400. "
+             "Phrases are terms (8 of 25 characters fit), not sentences.")
+    shutdown_grace_s: float = setting(
+        30.0, "After SIGTERM or Ctrl-C, how long the requests being translated have to finish (seconds); then they "
+              "get a 503, as do at once the requests that have not started. The model stops after the call in "
+              "progress (at most --max-batch-sentences sentences), so the server exits within this plus that call.")
 
     RANGES: ClassVar[dict[str, Range]] = {
         "port": Range(0, 65535),
         # A window longer than a minute is no longer batching, only waiting.
         "batch_window_ms": Range(0.0, 60_000.0),
         "max_batch_sentences": POSITIVE, "max_chars": POSITIVE, "max_lines": POSITIVE, "max_beam": Range(1, MAX_BEAM),
+        "max_phrases": POSITIVE, "max_phrase_chars": POSITIVE,
+        # Longer than an hour is no longer a graceful shutdown; orchestrators kill far sooner.
+        "shutdown_grace_s": Range(0.0, 3600.0),
     }
     """The range of every numeric setting (`nmt.settings`)."""
 

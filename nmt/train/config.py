@@ -79,7 +79,7 @@ class TrainConfig:
                                      "always uses the deterministic one.")
     max_update: int = setting(0, "Stop after this many updates; 0 = no limit (paper: 100k base, 300k big).")
     max_epoch: int = setting(0, "Stop after this many epochs; 0 = no limit.")
-    max_time: float = setting(0.0, "Stop after this much training wall-clock time, validation and saving included, summed over resumes (e.g. 30m, 12h, 90s); the run ends within one update or one validation of it. 0 = no limit.")
+    max_time: float = setting(0.0, "Stop after this much training wall-clock time, validation and saving included, summed over resumes (e.g. 30m, 12h, 90s); training stops at the first update or validation that reaches it, then the final validation and save run past it, and the last line says by how much. 0 = no limit.")
     # -- validation and checkpoints ------------------------------------------------------
     validate_interval_updates: int = setting(0, "Also validate every N updates (always after each epoch); 0 = epochs only.")
     eval_bleu: bool = setting(False, "Also compute validation BLEU with beam search (beam 4, alpha 0.6) and pick checkpoint_best.pt by it.")
@@ -88,7 +88,7 @@ class TrainConfig:
     keep_last: int = setting(5, "Keep only the last N interval checkpoints (checkpoint_{epoch}_{update}.pt, which hold the optimizer state); -1 = all. 5 is the paper's base averaging window; pass 20 for big.")
     keep_last_epochs: int = setting(-1, "Keep only the last N epoch checkpoints (checkpoint{epoch}.pt, model only: no optimizer state); -1 = all.")
     epoch_checkpoints: bool = setting(True, "Write checkpoint{epoch}.pt files at epoch ends.")
-    log_interval: int = setting(100, "Write a train record to logs/train.jsonl, its line to logs/train.log and to the screen, every N updates.")
+    log_interval: int = setting(100, "Write a train record to logs/train.jsonl, its line to logs/train.log and to the screen, every N updates, or after a minute of training if that comes first (slow updates); also at a launch's first update when N updates would take longer than a minute, and when training stops.")
     patience: int = setting(0, "Early stopping (fairseq's --patience): stop when --best-checkpoint-metric has not improved for N validations in a row; 0 = off. The final line and a \"stop\" record in logs/train.jsonl say so; a resume continues the count.")
     best_checkpoint_metric: str = setting("auto", "Validation metric that picks checkpoint_best.pt and drives --patience: loss (lower is better), bleu (higher is better; needs --eval-bleu), or auto (bleu with --eval-bleu, else loss).")
     tensorboard: bool = setting(False, "Write TensorBoard event files to RUN/tensorboard: train and valid loss, nll_loss, ppl, lr, gnorm, wps (target tokens/s), valid BLEU (tensorboard is the extra 'nmt\\[tensorboard]'; make install installs it).")

@@ -45,12 +45,12 @@ from nmt.errors import Interrupted, NmtError
 from nmt.ops.cpu_malloc import keep_freed_memory
 from nmt.run.identity import IDENTITY_KEY, check_identity, checkpoint_identity, run_identity
 from nmt.model.transformer import Transformer
-from nmt.model.config import NMT_SPECIAL_IDS, SpecialIds, TransformerConfig, architecture, build_config
+from nmt.model.config import ARCHS, NMT_SPECIAL_IDS, SpecialIds, TransformerConfig, architecture, build_config
 from nmt.train.precision import Precision
 from nmt.run.directory import RunDir
 from nmt.run.lock import RunLock, command_line
 from nmt.train.schedule import cooldown, learning_rate
-from nmt.train.progress import fraction_done, limits_of
+from nmt.train.progress import end_of_training, fraction_done, limits_of
 from nmt.train.state import TrainState
 from nmt.train.config import MODEL_FIELDS, ModelSettings, TrainConfig
 from nmt.train.log import LN2, TrainLogger, log_offsets, restore_logs, truncate_logs
@@ -111,6 +111,24 @@ def model_config_for(cfg: TrainConfig, prep: dict[str, Any], finetuned: Optional
     if overrides.get("share_all_embeddings") is None:
         overrides["share_all_embeddings"] = bool(prep.get("joined", False)) and src_v == tgt_v
     return build_config(cfg.model.arch, src_v, tgt_v, special, **overrides)
+
+
+SIZE_FIELDS = ("encoder_layers", "decoder_layers", "d_model", "d_ff", "n_heads")
+"""What tells the named architectures apart."""
+
+
+def model_size(model: TransformerConfig) -> str:
+    """'2+2 layers, d_model 64, d_ff 256, 4 heads'."""
+    return (f"{model.encoder_layers}+{model.decoder_layers} layers, d_model {model.d_model}, d_ff {model.d_ff}, "
+            f"{model.n_heads} heads")
+
+
+def arch_of(model: TransformerConfig) -> Optional[str]:
+    """The named architecture (`nmt archs`) that has the model's size, or None. Read from the
+    size, not from the run's record: a model fine-tuned from its own checkpoint (an imported
+    one has no --arch) is recorded under the default --arch base whatever its size."""
+    size = [getattr(model, k) for k in SIZE_FIELDS]
+    return next((name for name, build in ARCHS.items() if [getattr(build(), k) for k in SIZE_FIELDS] == size), None)
 
 
 def validation_loss(model: Transformer, corpus: Corpus, max_tokens: int, device: torch.device,
@@ -208,6 +226,11 @@ class Trainer:
         # --finetune-from without --arch fine-tunes the checkpoint's own model (an imported one has no --arch)
         finetuned = ckpt["config"] if ckpt is not None and self.launch.mode == "finetune" and "arch" not in given else None
         self.model_cfg = model_config_for(cfg, self.prep, finetuned)
+        self.model_from_checkpoint = finetuned is not None
+        self.arch = arch_of(self.model_cfg)
+        """The named architecture of the model's size (None for another size)."""
+        self.training_stopped_at: Optional[float] = None
+        """The training clock when training stopped, before the final validation and save."""
         if finetuned is not None:  # the records name every field, so a resume rebuilds this model, not --arch's
             cfg.model = ModelSettings(arch=cfg.model.arch, **{k: v for k, v in self.model_cfg.to_dict().items()
                                                               if k in MODEL_FIELDS})
@@ -475,10 +498,10 @@ class Trainer:
         if stopped == "patience":
             self.logger.info(f"done: stopped early, valid {cfg.best_metric} has not improved for {s.stale_validations} "
                              f"validations (--patience {cfg.patience}; best {s.patience_best:.4f}) at update {s.update}, "
-                             f"epoch {s.epoch}, {s.train_time / 60:.1f} min of training")
+                             f"epoch {s.epoch}; {end_of_training(self.training_stopped_at or s.train_time, clock(), 0.0)}")
         else:
-            self.logger.info(f"done: {stopped} reached at update {s.update}, epoch {s.epoch}, "
-                             f"{s.train_time / 60:.1f} min of training")
+            self.logger.info(f"done: {stopped} reached at update {s.update}, epoch {s.epoch}; "
+                             f"{end_of_training(self.training_stopped_at or s.train_time, clock(), cfg.max_time)}")
         self.logger.close()
         return TrainResult(s.update, s.epoch, s.train_time, stopped, s.best_loss)
 
@@ -509,27 +532,33 @@ class Trainer:
             out = self.train_step(prepared)
             s.updates_in_epoch = g + 1
             s.train_time, interrupted = self._shared_clock(clock, interrupt)
-            if out is not None:
-                self.logger.train_update(s, out)
+            trained = s.train_time
             epoch_end = g + 1 == n_groups
             decision = train_policy.after_update(cfg, s, epoch_end, s.train_time, interrupted)
+            if out is not None:
+                self.logger.train_update(s, out, last=decision.stop is not None)
             if out is None and not (decision.stop or epoch_end):
                 continue
             metrics = None
             if decision.validate and s.last_valid_update != s.update:
-                metrics = self.validate()
-                if metrics is not None:
-                    self.logger.valid(s, metrics)
+                with self.logger.paused():
+                    metrics = self.validate()
+                    if metrics is not None:
+                        self.logger.valid(s, metrics)
                 s.train_time, interrupted = self._shared_clock(clock, interrupt)
                 late = train_policy.stop_reason(cfg, s.update, s.epoch + epoch_end, s.train_time, interrupted,
                                                 s.stale_validations)
                 if decision.stop is None and late is not None:  # the budget ran out during validation
                     decision = train_policy.Decision(False, late != "interrupted", epoch_end, late)
+            if decision.stop:  # the last interval's record, if a skipped update or a late stop left it unwritten
+                self.training_stopped_at = trained
+                self.logger.end_interval(s)
             finished_epoch = s.epoch
             if epoch_end:
                 s.epoch, s.updates_in_epoch = s.epoch + 1, 0
             if decision.save:
-                self.save(decision, finished_epoch, metrics)
+                with self.logger.paused():
+                    self.save(decision, finished_epoch, metrics)
             if decision.stop:
                 return decision.stop
         return None
@@ -540,9 +569,11 @@ class Trainer:
 
         per_update = self.cfg.max_tokens * self.cfg.update_freq * self.ctx.world_size
         d = self.train_data
+        # Named by its size: --arch is the default base in the record of a model that a checkpoint brought.
         return (
-            f"model {self.cfg.model.arch}: {count_parameters(self.model) / 1e6:.1f}M parameters, "
-            f"d_model {self.model_cfg.d_model}, {self.model_cfg.encoder_layers}+{self.model_cfg.decoder_layers} layers; "
+            f"model {self.arch + ': ' if self.arch else ''}{model_size(self.model_cfg)}"
+            f"{' (from the checkpoint)' if self.model_from_checkpoint else ''}, "
+            f"{count_parameters(self.model) / 1e6:.1f}M parameters; "
             f"{self.ctx.world_size} process(es) on {self.device.type}, precision {self.precision.name}; "
             f"at most {per_update} tokens per side per update (max_tokens {self.cfg.max_tokens} x update_freq "
             f"{self.cfg.update_freq} x world {self.ctx.world_size}); {len(d.indices)} training pairs"

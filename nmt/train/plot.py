@@ -61,7 +61,15 @@ def _import_matplotlib():
 def plot_learning_curves(jsonl_path: str | os.PathLike, png_path: str | os.PathLike) -> Path:
     """Draw the learning curves of a train.jsonl into `png_path` (written atomically)."""
     check_file_target(Path(png_path), "-o", "learning_curves.png")
-    records = read_train_log(jsonl_path)
+    fig = learning_curves_figure(read_train_log(jsonl_path), jsonl_path)
+    png_path = Path(png_path)
+    with atomic_path(png_path) as tmp:
+        fig.savefig(tmp, format="png")
+    return png_path
+
+
+def learning_curves_figure(records: list[dict[str, Any]], jsonl_path: str | os.PathLike) -> Any:
+    """The panels as a matplotlib Figure (on an Agg canvas)."""
     train_loss = _series(records, "train", "loss")
     valid_loss = _series(records, "valid", "loss")
     if not train_loss[0] and not valid_loss[0]:
@@ -103,10 +111,9 @@ def plot_learning_curves(jsonl_path: str | os.PathLike, png_path: str | os.PathL
         ax.set_xlabel("update")
         ax.set_ylabel("BLEU")
 
+    from matplotlib.ticker import MaxNLocator
+
     for ax in axes:
         ax.grid(True, alpha=0.3)
-
-    png_path = Path(png_path)
-    with atomic_path(png_path) as tmp:
-        fig.savefig(tmp, format="png")
-    return png_path
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # updates are whole: no tick at 16.25
+    return fig

@@ -7,7 +7,10 @@ Nothing here depends on how long an epoch or an update takes. Each cadence is it
   saves never move that schedule, so "a checkpoint every 10 minutes, average the last 5" means
   the same on a CPU that runs one epoch in an hour and on a GPU that runs one in a minute. With
   `--max-time` a multiple of the interval, the last interval checkpoint is the final one;
-- `--max-time` counts the same clock, so a run ends within one update or one validation of it;
+- `--max-time` counts the same clock: training stops at the first update (or validation) that
+  reaches it, and the final validation and save then run past it by their own length, which
+  the run's last line reports (a checkpoint records the clock before its own save, so stopping
+  earlier to leave them room would let a re-run take the budget as unfinished);
 - `--patience` counts validations: the run stops when the best-checkpoint metric has not
   improved for that many validations in a row (fairseq's `should_stop_early`).
 """

@@ -92,11 +92,30 @@ def memory_in_use(device: torch.device) -> int:
     return int(psutil.Process().memory_info().rss)
 
 
-def cpu_speed_hint(arch: str, seconds_per_update: float, max_update: int) -> str:
-    """One line for a user who starts the paper's models on a CPU with the defaults."""
-    total = f"; {max_update} updates would take {format_duration(seconds_per_update * max_update)}" if max_update else ""
-    return (f"note: one update of --arch {arch} takes {seconds_per_update:.1f} s on this CPU{total}. "
-            f"For a first model on a CPU use {CPU_SETTINGS} (README: 'A first model on a CPU')")
+def cpu_speed_hint(model: str, seconds_per_update: float, measured: int, updates_left: int, advise: bool) -> str:
+    """One line for a user who trains a paper-sized `model` on a CPU: an update's time over
+    `measured` updates after the launch's first (which pays for warm-up, so extrapolating it
+    overestimated a run several times), what the updates left to --max-update would take, and,
+    where `advise` (a fresh run, which may still choose its model), the settings that fit a CPU."""
+    line = (f"note: one update of {model} takes {seconds_per_update:.1f} s on this CPU "
+            f"(timed over {measured} update{'s' if measured > 1 else ''} after the first)")
+    if updates_left:
+        line += (f"; the {updates_left} updates left to --max-update would take "
+                 f"{format_duration(seconds_per_update * updates_left)}")
+    if advise:
+        line += f". For a first model on a CPU use {CPU_SETTINGS} (README: 'A first model on a CPU')"
+    return line
+
+
+def end_of_training(trained: float, total: float, max_time: float) -> str:
+    """The training clock at the end of a launch, in full: training stops at the first update
+    that reaches --max-time, and the final validation and save then run past it (their cost is
+    unknown until they run), so the line says by how much."""
+    line = (f"training stopped at {format_duration(trained)} on the training clock, the final validation and save "
+            f"took {format_duration(total - trained)} ({format_duration(total)} in all")
+    if max_time and total - max_time >= 0.5:  # as format_duration rounds
+        line += f", {format_duration(total - max_time)} past --max-time {format_duration(max_time)}"
+    return line + ")"
 
 
 class RunProgress:

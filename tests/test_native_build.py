@@ -1,0 +1,114 @@
+"""The C++ decoder kernels' build (nmt.ops.native): it cannot hang, surprise or write where it
+must not, whatever happened to an earlier build (#66: K1, K16, K17)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nmt.ops import native
+
+LOAD = ("import sys; from nmt.ops.native import native_module; m = native_module(); "
+        "print('built' if m is not None else 'none', 'torch.utils.cpp_extension' in sys.modules)")
+
+
+def _load(extensions: Path, **env: str) -> subprocess.CompletedProcess:
+    environ = {**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions), **env}
+    environ.pop(native.DISABLE_ENV, None)
+    return subprocess.run([sys.executable, "-c", LOAD], env=environ, capture_output=True, text=True, timeout=900)
+
+
+def _tree(root: Path) -> list[tuple[str, int, int]]:
+    return sorted((str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*"))
+
+
+@pytest.fixture(scope="module")
+def finished_build() -> Path:
+    """This machine's finished build (conftest builds it before the tests), or a skip."""
+    if native.native_module() is None:
+        pytest.skip("the C++ kernels cannot be built on this machine")
+    return native.extensions_root() / native.build_name()
+
+
+@pytest.mark.slow
+def test_a_build_killed_midway_does_not_block_the_next_one(tmp_path):
+    """K1: a SIGKILL during a real build (the OOM killer, `timeout -s KILL`) used to leave torch's
+    lock file behind, and every later model load waited for it forever."""
+    if native._missing_tools() is not None:
+        pytest.skip(native._missing_tools())
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    env.pop(native.DISABLE_ENV, None)
+    first = subprocess.Popen([sys.executable, "-c", LOAD], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 600
+    while not list(tmp_path.glob(".nmt_native_*.build-*/build.ninja")):  # the compiler is about to run
+        assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
+        time.sleep(0.01)
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=60)
+    first.stderr.close()
+    assert list(tmp_path.glob(".nmt_native_*.build-*")), "the killed build left nothing: it finished first"
+
+    again = _load(tmp_path)  # subprocess.run's timeout is the bound: it raises rather than waits on
+    assert again.returncode == 0 and again.stdout.split()[0] == "built", again.stderr
+    assert not list(tmp_path.glob(".nmt_native_*.build-*")), "the killed build's folder was not removed"
+    assert len(list(tmp_path.glob("nmt_native_*/nmt_native_*.so"))) == 1
+
+
+def test_a_finished_build_in_a_read_only_folder_loads_without_writing(tmp_path, finished_build):
+    """K17: torch's loader had to create its lock file, so a read-only cache (a shared image,
+    a container layer) fell back to the slower ops; and it imported torch's builder, whose
+    import prints a CUDA_HOME warning on CPU-only machines."""
+    shared = tmp_path / "extensions"
+    shutil.copytree(finished_build, shared / finished_build.name)
+    for path in [shared, *shared.rglob("*")]:
+        path.chmod(path.stat().st_mode & 0o555)
+    before = _tree(shared)
+    try:
+        proc = _load(shared)
+    finally:
+        for path in [shared, *shared.rglob("*")]:
+            path.chmod(path.stat().st_mode | 0o200)
+    assert proc.returncode == 0 and proc.stdout.split() == ["built", "False"], proc.stderr
+    assert proc.stderr == ""
+    assert _tree(shared) == before
+
+
+def test_without_a_compiler_one_line_says_so_on_every_run(tmp_path):
+    """K16: torch's builder printed its compiler banner between nmt's two lines."""
+    empty_path = tmp_path / "bin"
+    empty_path.mkdir()
+    for _ in range(2):
+        proc = _load(tmp_path / "extensions", PATH=str(empty_path))
+        assert proc.returncode == 0 and proc.stdout.split() == ["none", "False"], proc.stderr
+        assert proc.stderr.count("\n") == 1 and "C++ decoder kernels cannot be built here (no C++ compiler" in proc.stderr
+        assert "decoding with the PyTorch ops" in proc.stderr
+
+
+def test_a_failed_build_is_said_in_one_line_and_not_retried_on_every_run(tmp_path):
+    """A compiler that fails (missing headers, say) costs one attempt, not one per command; the
+    line says how to try again."""
+    if shutil.which("ninja") is None:
+        pytest.skip("ninja is not on PATH")
+    calls = tmp_path / "calls"
+    compiler = tmp_path / "broken-c++"
+    compiler.write_text(  # torch's builder asks the compiler its version first: that much it answers
+        f'#!/bin/sh\ncase " $* " in *" -c "*) ;; *) exec c++ "$@";; esac\n'
+        f"echo x >> {calls}\necho 'main.cpp:1:1: fatal error: no such header' >&2\nexit 1\n")
+    compiler.chmod(0o755)
+    runs = [_load(tmp_path / "extensions", CXX=str(compiler)) for _ in range(2)]
+    for proc in runs:
+        assert proc.returncode == 0 and proc.stdout.split()[0] == "none", proc.stderr
+        [line] = [line for line in proc.stderr.splitlines() if "cannot be built" in line]
+        assert "error: no such header" in line and "to try again" in line
+    assert "building the C++ decoder kernels" not in runs[1].stderr and runs[1].stderr.count("\n") == 1
+    compiled = calls.read_text().count("x")
+    assert compiled >= 1 and not list((tmp_path / "extensions").glob(".nmt_native_*.build-*"))
+    _load(tmp_path / "extensions", CXX=str(compiler))
+    assert calls.read_text().count("x") == compiled  # the later runs did not call the compiler

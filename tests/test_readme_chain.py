@@ -1,0 +1,59 @@
+"""README's "The whole chain in 5 minutes", run as written: the same `nmt` commands, on a slice of
+Multi30k and with fewer updates, each ending well and saying nothing a user would read as an error."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+SHORTER = {
+    "--vocab-size 8000": "--vocab-size 1000",  # a 3000-line slice has fewer pieces than that
+    "--max-time 3m": "--max-time 3m --max-update 60",
+    "--save-interval-minutes 1": "--save-interval-minutes 1 --save-interval-updates 20",
+}
+"""What the test shortens; every other word of the README's commands stays."""
+
+
+def readme_chain() -> list[str]:
+    """The `nmt` lines of the README section's code block."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text.split("## The whole chain in 5 minutes", 1)[1].split("\n## ", 1)[0]
+    return [line.strip() for line in section.splitlines() if line.startswith("    nmt ")]
+
+
+def test_the_readme_lists_the_whole_chain():
+    assert [line.split()[1] for line in readme_chain()] == [
+        "preprocess", "train", "average-checkpoints", "translate", "score"]
+    for long in SHORTER:
+        assert any(long in line for line in readme_chain()), long
+
+
+@pytest.mark.slow
+def test_the_five_minute_chain_works_as_written(multi30k_dir, tmp_path):
+    data = tmp_path / "data" / "multi30k"
+    data.mkdir(parents=True)
+    for split, n in (("train", 3000), ("val", 100), ("test_2016_flickr", 100)):
+        for lang in ("en", "de"):
+            with gzip.open(multi30k_dir / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+                lines = [line for _, line in zip(range(n), f)]
+            with gzip.open(data / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
+                f.writelines(lines)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "D": "data/multi30k"}
+    env.pop("NMT_RUN_DIR", None)
+    for line in readme_chain():
+        for long, short in SHORTER.items():
+            line = line.replace(long, short)
+        proc = subprocess.run(["bash", "-c", f"set -eo pipefail; {line}"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, (line, proc.stderr)
+        for said in proc.stderr.splitlines():
+            assert "error" not in said.lower() and "Traceback" not in said and "Warning" not in said, (line, said)
+    assert len((tmp_path / "quick.de").read_text(encoding="utf-8").splitlines()) == 100
