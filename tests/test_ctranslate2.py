@@ -311,7 +311,7 @@ def test_translates_started_at_once_all_succeed(two_runs, tmp_path):
 
 def test_the_decode_commands_in_export_help_work_as_written(two_runs, tmp_path):
     """`nmt translate ...` and the Python call in `nmt export --help`, run as they are printed
-    (a model of 256 positions: the Python call decodes up to |X| + 51 tokens)."""
+    (a model of 256 positions: the Python call decodes up to |X| + 50 tokens)."""
     run, model = two_runs[0], tmp_path / "model"
     save_model(tmp_path / "wide.pt", 0, run_identity(RunDir(run)), max_positions=256)
     assert run_nmt("export", "-r", run, "-c", tmp_path / "wide.pt", "-o", model).returncode == 0
@@ -328,6 +328,17 @@ def test_the_decode_commands_in_export_help_work_as_written(two_runs, tmp_path):
     pieces = spm.SentencePieceProcessor(model_file=str(model / "joint.model")).encode("ein Mann", out_type=str)
     results = eval(snippet, {"ctranslate2": ctranslate2, "DIR": str(model), "pieces": pieces})
     assert len(results) == 1 and results[0].hypotheses
+
+
+def test_export_builds_no_kernels_and_says_nothing_but_its_own_lines(two_runs, tmp_path):
+    """Export reads weights and never decodes: it loads the stock model, so a fresh machine does
+    not compile the C++ decoder kernels (about 30 s) for it, and stderr holds only nmt's lines."""
+    extensions = tmp_path / "extensions"
+    extensions.mkdir()
+    proc = run_nmt("export", "-r", two_runs[0], "-o", tmp_path / "model", env={"TORCH_EXTENSIONS_DIR": str(extensions)})
+    assert proc.returncode == 0, proc.stderr
+    assert list(extensions.iterdir()) == [] and "C++ decoder kernels" not in proc.stderr
+    assert all(line.startswith("nmt") for line in proc.stderr.splitlines()), proc.stderr
 
 
 # -- --force replaces an earlier export, never a file a hand-made record names ----------------

@@ -36,6 +36,8 @@ def server(run_dir, tmp_path_factory):
     code = srv.terminate()
     assert code == 0, srv.output()
     assert "Traceback" not in srv.output()
+    # no third-party warning a user would read as misconfiguration (torch's extension builder's CUDA_HOME one)
+    assert "Warning" not in srv.output() and "cpp_extension" not in srv.output(), srv.output()
 
 
 def test_a_single_string_and_a_list_with_empty_strings_keep_count_and_order(server, model, run_dir):

@@ -222,7 +222,7 @@ def export_ctranslate2(run_dir: str | Path, output: str | Path, checkpoint: Opti
     path = resolve_checkpoint(run, checkpoint) if checkpoint is not None else default_checkpoint(run)
     ckpt_identity = checkpoint_identity(load_checkpoint(path, mmap=True))
     check_identity(ckpt_identity, identity, f"checkpoint {path}", warn)
-    model = load_model(path, torch.device("cpu"), torch.float32)
+    model = load_model(path, torch.device("cpu"), torch.float32, decoding=False)  # weights only: nothing to build
     vocab_files = {lang: run.root / record["vocab"][lang] for lang in (src_lang, tgt_lang)}
     src_tok, tgt_tok = (load_tokenizer(vocab_files[lang], num_threads=1) for lang in (src_lang, tgt_lang))
     spec = _fill_spec(model, vocabulary_tokens(src_tok), vocabulary_tokens(tgt_tok))

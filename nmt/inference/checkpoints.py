@@ -56,9 +56,11 @@ def resolve_dtype(amp: str, device: torch.device) -> torch.dtype:
 
 
 def load_model(path: Path, device: torch.device, dtype: torch.dtype,
-               expected: Optional[dict] = None) -> Transformer:
+               expected: Optional[dict] = None, decoding: bool = True) -> Transformer:
     """A Transformer from a checkpoint's configuration and weights, ready for inference;
-    with `expected` (a run's `nmt.run.identity`), refused when trained with another vocabulary."""
+    with `expected` (a run's `nmt.run.identity`), refused when trained with another vocabulary.
+    `decoding`: with the device's decoding ops (`nmt.ops.optimize_for`, which may build the C++
+    kernels); without, the stock model, for a command that only reads its weights (export)."""
     from nmt.model.config import TransformerConfig
     from nmt.model.transformer import Transformer
     from nmt.ops import optimize_for
@@ -75,4 +77,5 @@ def load_model(path: Path, device: torch.device, dtype: torch.dtype,
     except (RuntimeError, TypeError, ValueError) as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise NmtError(f"checkpoint {path} does not match its own model configuration ({reason}); it is damaged") from None
-    return optimize_for(model.to(device=device, dtype=dtype), device, dtype, inference=True).eval()
+    model = model.to(device=device, dtype=dtype)
+    return (optimize_for(model, device, dtype, inference=True) if decoding else model).eval()
