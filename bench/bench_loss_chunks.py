@@ -1,7 +1,7 @@
 """The projected loss's chunk size: forward + backward time of the label-smoothed loss over
 `hidden @ weight.T` for several logits-per-chunk settings, on the CPU or a GPU.
 
-Sets the constants `nmt.train.loss.PROJECTED_CHUNK_ELEMENTS` (CPU) and `..._CUDA` (GPU): too small a
+Sets the constants `nmt.ops.projected_loss.PROJECTED_CHUNK_ELEMENTS` (CPU) and `..._CUDA` (GPU): too small a
 chunk makes many small matrix products and adds the whole weight gradient once per chunk; too
 large a one spills the chunk's logits out of cache (CPU) or costs memory (GPU). Prints ms per
 call for each setting and the peak memory the call took on a GPU.

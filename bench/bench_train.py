@@ -20,10 +20,7 @@ RSS <= 1.2 GB; bf16 peak RSS no higher than fp32's; on a CPU with bf16 matrix un
 (AVX512-BF16 or AMX), bf16 >= 1.7x fp32 target tokens/s. Where the CPU has no such units,
 bf16 is skipped, and the bench says so: its matrix products would be emulated.
 
-`--compile` also times the model's encode/decode/project under torch.compile (dynamic shapes,
-compilation not timed) to see whether it pays off on this machine.
-
-    python bench/bench_train.py [--updates 200] [--amp none bf16] [--compile] [--run-dir DIR]
+    python bench/bench_train.py [--updates 200] [--amp none bf16] [--run-dir DIR]
     python bench/bench_train.py --device cuda --arch big --max-tokens 25000 --amp bf16 --data newstest
 """
 
@@ -66,18 +63,7 @@ def prepare(run_dir: Path, data: str, multi30k: Path, wmt14: Path, vocab_size: i
                     "--vocab-size", str(vocab_size)], check=True)
 
 
-def compile_model(trainer) -> None:
-    """Route the training forward through torch.compile (measurement only; the vocabulary
-    projection runs inside the loss, in chunks, and stays eager)."""
-    import torch
-
-    model = trainer.model
-    for name in ("encode", "decode_hidden"):
-        setattr(model, name, torch.compile(getattr(model, name), dynamic=True))
-
-
-def measure(run_dir: Path, arch: str, amp: str, updates: int, max_tokens: int, threads: int, device: str,
-            compiled: bool = False) -> dict:
+def measure(run_dir: Path, arch: str, amp: str, updates: int, max_tokens: int, threads: int, device: str) -> dict:
     """Train `updates` updates in this process; time the training steps only."""
     import torch
 
@@ -98,9 +84,6 @@ def measure(run_dir: Path, arch: str, amp: str, updates: int, max_tokens: int, t
     if dev.type == "cuda":
         torch.cuda.set_device(0)
     trainer = Trainer(work, cfg, DistContext(0, 1, 0, dev))
-    compile_s = None
-    if compiled:
-        compile_model(trainer)
     enc, dec = non_embedding_parameters(trainer.model)
     vocab_proj = trainer.model_cfg.tgt_vocab_size * trainer.model_cfg.d_model
     groups = []
@@ -111,15 +94,13 @@ def measure(run_dir: Path, arch: str, amp: str, updates: int, max_tokens: int, t
     src_tok = tgt_tok = flops = 0.0
     losses = []
     sync = (lambda: torch.cuda.synchronize()) if dev.type == "cuda" else (lambda: None)
-    # Compilation (and settling the dynamic-shape graphs) and a GPU's warm-up are not timed.
-    warmup = 5 if dev.type == "cuda" else 3 if compiled else 0
+    # A GPU's warm-up is not timed.
+    warmup = 5 if dev.type == "cuda" else 0
     d = trainer.train_data
     with BatchStream(d.src, d.tgt, groups[: warmup + updates], device=dev, collate_fn=trainer.collate) as stream:
-        t = time.perf_counter()
         for _ in range(warmup):
             trainer.train_step(next(stream))
         sync()
-        compile_s = time.perf_counter() - t if compiled else None
         start = time.perf_counter()
         for prepared in stream:
             out = trainer.train_step(prepared)
@@ -132,7 +113,7 @@ def measure(run_dir: Path, arch: str, amp: str, updates: int, max_tokens: int, t
         sync()
         elapsed = time.perf_counter() - start
     shutil.rmtree(work, ignore_errors=True)
-    return {"arch": arch, "amp": amp, "compiled": compiled, "compile_s": compile_s, "updates": updates, "seconds": round(elapsed, 2),
+    return {"arch": arch, "amp": amp, "updates": updates, "seconds": round(elapsed, 2),
             "tgt_tokens_per_s": round(tgt_tok / elapsed, 1), "src_tgt_tokens_per_s": round((src_tok + tgt_tok) / elapsed, 1),
             "model_flops_per_s": flops / elapsed, "peak_rss_mib": round(peak_rss_mib(), 1),
             "loss_first10": round(sum(losses[:10]) / len(losses[:10]), 4), "loss_last10": round(sum(losses[-10:]) / len(losses[-10:]), 4),
@@ -155,15 +136,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--amp", nargs="+", default=["none", "bf16"])
-    ap.add_argument("--compile", action="store_true", help="Also time each precision under torch.compile")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one precision in this process
-    ap.add_argument("--compiled", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     vocab_size = args.vocab_size or (32000 if args.data == "newstest" else 8000)
     run_dir = args.run_dir or REPO / "runs" / ("bench-multi30k" if args.data == "multi30k" else f"bench-newstest-{vocab_size}")
     if args.one:
-        print(json.dumps(measure(run_dir, args.arch, args.one, args.updates, args.max_tokens, args.threads, args.device,
-                                 args.compiled)))
+        print(json.dumps(measure(run_dir, args.arch, args.one, args.updates, args.max_tokens, args.threads, args.device)))
         return
     prepare(run_dir, args.data, args.multi30k, args.wmt14, vocab_size)
     import torch
@@ -176,15 +154,14 @@ def main() -> None:
         peaks["bf16"] = matmul_flops(torch.bfloat16, device=args.device)
     results = {}
     print(f"bf16 matrix units: {'yes' if native_bf16 else 'no'} ({evidence})", flush=True)
-    runs = [(amp, False) for amp in args.amp] + ([(amp, True) for amp in args.amp] if args.compile else [])
-    for amp, compiled in runs:
+    for amp in args.amp:
         if amp == "bf16" and not native_bf16:
             print(f"skipping bf16: {evidence}", flush=True)
             continue
         cmd = [sys.executable, __file__, "--one", amp, "--run-dir", str(run_dir), "--arch", args.arch,
                "--updates", str(args.updates), "--max-tokens", str(args.max_tokens), "--threads", str(args.threads),
-               "--device", args.device] + (["--compiled"] if compiled else [])
-        key = amp + ("+compile" if compiled else "")
+               "--device", args.device]
+        key = amp
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:  # say why, and go on with the other runs
             print(f"train {args.arch} amp={key} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}", flush=True)
@@ -200,22 +177,17 @@ def main() -> None:
               + (f" = MFU {r['mfu']:.3f} of the measured {'bf16' if amp == 'bf16' else 'fp32'} peak, "
                  f"GPU memory peak {r['gpu_peak_allocated_mib']} MiB" if gpu else "")
               + f", peak RSS {r['peak_rss_mib']:.0f} MiB, "
-              f"loss {r['loss_first10']:.3f} -> {r['loss_last10']:.3f} (bits/token)"
-              + (f", compilation {r['compile_s']:.0f} s" if compiled else ""), flush=True)
+              f"loss {r['loss_first10']:.3f} -> {r['loss_last10']:.3f} (bits/token)", flush=True)
     summary = {"benchmark": "train", "matmul_flops_per_s": peaks, "threads": args.threads, "results": results,
                "flop_count": "6 x (enc non-embedding params x src tokens + (dec non-embedding params + V x d_model) x tgt tokens), padding excluded"}
     summary["native_bf16"] = bool(native_bf16)
     if gpu and "bf16" in results:
-        print(f"targets: GPU bf16 MFU {results['bf16']['mfu']:.3f} (>= 0.40)"
-              + "".join(f"; {k} / eager {results[k]['tgt_tokens_per_s'] / results['bf16']['tgt_tokens_per_s']:.2f}x"
-                        for k in results if k == "bf16+compile"))
+        print(f"targets: GPU bf16 MFU {results['bf16']['mfu']:.3f} (>= 0.40)")
     summary["bf16_units"] = evidence
     if "none" in results:
         fp32 = results["none"]
         print(f"targets: fp32 {fp32['fraction_of_fp32_matmul_peak']:.2f} x peak (>= 0.65), fp32 peak RSS "
               f"{fp32['peak_rss_mib'] / 1024:.2f} GiB (<= 1.2 GB = {1.2e9 / 2**30:.2f} GiB)")
-        for key in [k for k in results if k.endswith("+compile")]:
-            print(f"{key} / eager target tokens/s: {results[key]['tgt_tokens_per_s'] / results[key.split('+')[0]]['tgt_tokens_per_s']:.2f}x")
     if "none" in results and "bf16" in results:
         summary["bf16_speedup"] = round(results["bf16"]["tgt_tokens_per_s"] / results["none"]["tgt_tokens_per_s"], 3)
         print(f"targets: bf16 peak RSS {results['bf16']['peak_rss_mib']:.0f} MiB (<= fp32's {results['none']['peak_rss_mib']:.0f}), "

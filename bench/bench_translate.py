@@ -198,7 +198,7 @@ def exported_model_dir(run: Path) -> Path:
     as everything CTranslate2 here: CTranslate2 and torch in one process bring two OpenMP
     runtimes that fight over the cores (pytorch/pytorch#98836)."""
     export = subprocess.run([sys.executable, "-c", "import sys; from nmt.run.directory import RunDir; "
-                             "from nmt.inference.checkpoints import default_checkpoint; "
+                             "from nmt.run.checkpoint_choice import default_checkpoint; "
                              "from nmt.inference.ctranslate2_engine import cached_model_dir; "
                              "from pathlib import Path; r = RunDir(Path(sys.argv[1])); print(cached_model_dir(r, default_checkpoint(r))[0])", str(run)],
                             capture_output=True, text=True, cwd=REPO)

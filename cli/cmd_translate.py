@@ -84,7 +84,7 @@ def register(app: typer.Typer) -> None:
         from nmt.run.directory import resolve_run_dir
         from nmt.inference.input_buffer import input_buffers
         from nmt.data.textio import count_lines, text_stdout
-        from nmt.inference.translator import freeze_loaded_objects, load_translator
+        from nmt.inference.translator import DECODER_PATHS, freeze_loaded_objects, load_translator
         from nmt.inference.word_alignment import soft_text
 
         run_dir = resolve_run_dir(kwargs.pop("run_dir"))
@@ -129,7 +129,8 @@ def register(app: typer.Typer) -> None:
         start = time.perf_counter()
         translator = load_translator(run_dir, checkpoints, search, cfg, sampling, alignment)
         say(("checkpoint " if len(translator.checkpoints) == 1 else "ensemble of ")
-            + ", ".join(map(str, translator.checkpoints)))
+            + ", ".join(map(str, translator.checkpoints))
+            + f"; decoder {translator.decoder_path}: {DECODER_PATHS[translator.decoder_path]}")
         if cfg.engine == "ctranslate2":
             say(f"CTranslate2 model {translator.decoder.model_dir}" + (f"; {engine_note}" if engine_note else ""))
         elif translator.decoder.device.type == "cpu":

@@ -49,6 +49,12 @@ class Model:
         return list(self.translator.checkpoints)
 
     @property
+    def decoder_path(self) -> str:
+        """What searches: "native" (nmt's C++ kernels, fp32 CPU), "stock" (PyTorch's ops) or
+        "ctranslate2" (--engine); choose with `nmt.load(..., decoder="stock")`."""
+        return self.translator.decoder_path
+
+    @property
     def search(self) -> SearchConfig:
         """The default beam search settings; each call may override any of them by keyword."""
         return self.translator.search

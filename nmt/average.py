@@ -100,11 +100,6 @@ def list_checkpoints(checkpoint_dir: str | os.PathLike, kind: str = "all") -> li
     return unique
 
 
-def last_checkpoints(checkpoint_dir: str | os.PathLike, n: int, kind: str = "all") -> list[Path]:
-    """The last `n` checkpoints by update order; fewer available is a user error."""
-    return [c.path for c in last_checkpoint_infos(checkpoint_dir, n, kind)]
-
-
 def last_checkpoint_infos(checkpoint_dir: str | os.PathLike, n: int, kind: str = "all") -> list[CheckpointInfo]:
     """The `n` most recent checkpoints by update, whatever their kind unless `kind` says."""
     if n < 1:

@@ -52,11 +52,10 @@ def resolve_amp(amp: str, device: torch.device, purpose: str) -> str:
     The two meanings, side by side:
 
     - train: bf16 on a GPU that supports it and on a CPU with bf16 matrix units (AVX512-BF16 or
-      AMX, `cpu_bf16_units`); else none, the paper's fp32. On such CPUs bf16 autocast trained
-      the recipe's models 1.1-1.6x faster than fp32 (`small` 1.7-1.9x on AMX since its products
-      keep one set of shapes, `nmt.ops.bucketed_linear`; 1.4-1.6x on a Zen 4, whose AVX512-BF16
-      products run only 2.2x fp32's), with per-update losses within 0.002 bits over the first
-      200 updates and the same validation curve (README, "Precision").
+      AMX, `cpu_bf16_units`); else none, the paper's fp32. On such CPUs bf16 autocast trains
+      the recipe's models faster than fp32 (most with AMX; its products keep one set of shapes,
+      `nmt.ops.bucketed_linear`) with fp32's loss curve: docs/performance.md, "When bf16", and
+      bench/results/2026-11-29_8860446_machine-unknown_bf16-vs-fp32-curve.json.
     - translate: bf16 on a GPU that supports it; else none, on every CPU, bf16 units or not.
       Translation casts the weights themselves (`nmt.inference.checkpoints.load_model`), not
       autocast, and no CPU measurement of bf16 decoding is recorded, so `auto` keeps CPUs in

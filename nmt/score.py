@@ -75,13 +75,6 @@ def read_references(ref_paths: Sequence[str | Path], n_hypotheses: int, hyp_name
 # ---------------------------------------------------------------------------------------
 
 
-def sacrebleu_tokenizers() -> list[str]:
-    """The names `--tokenize` accepts: sacreBLEU's BLEU tokenizers."""
-    from sacrebleu.metrics.bleu import BLEU
-
-    return list(BLEU.TOKENIZERS)
-
-
 def sacrebleu_scores(
     hypotheses: Sequence[str],
     references: Sequence[Sequence[str]],

@@ -104,10 +104,3 @@ def check_value(name: str, value: Any, range_: Range, integer: Optional[bool] = 
         must = range_.refusal(value)
     if must is not None:
         raise NmtError(f"--{name.replace('_', '-')} must be {must}, not {value!r}")
-
-
-def numeric_fields(cls: type) -> list[str]:
-    """The int and float fields of a settings dataclass (optional ones too): each needs a range."""
-    hints = typing.get_type_hints(cls)
-    return [f.name for f in fields(cls)
-            if {int, float} & {hints[f.name], *typing.get_args(hints[f.name])}]

@@ -44,9 +44,8 @@ TRAINING: dict[str, Any] = {
     # the target side too lost on val every time.
     "SUBWORD_SAMPLES": "auto",     # sampled segmentations of the training set (--subword-samples; 0 = off), or auto
     # --subword-alpha, whose meaning follows VOCAB_TYPE: bpe: the probability of dropping a merge (Provilkov et al.
-    # 2020: 0.1); unigram: the sampling's smoothing, where 0.1 is very flat (0.5 gave 1.03x the source tokens here)
+    # 2020: 0.1); unigram: the sampling's smoothing, where 0.1 is very flat (docs/recipes.md)
     "SUBWORD_ALPHA": 0.1,
-    "SUBWORD_SIDES": "source",     # sampled sides: source or both (--subword-sides)
     "MAX_TOKENS": 2048,            # tokens per batch and side, padding included (--max-tokens)
     "UPDATE_FREQ": 1,              # batches accumulated per update (--update-freq)
     "LR": 2e-3,                    # peak learning rate after warmup, then inverse sqrt (--lr)
@@ -68,50 +67,10 @@ TRAINING: dict[str, Any] = {
     "TRAIN_ARGS": "",              # any further `nmt train` flags, e.g. "--clip-norm 1 --pre-ln"
 }
 
-# What each "auto" above becomes, by the kind of machine training will use (never by a timing).
-# Equal wall-clock comparisons on `val` (bench/RESULTS.md): on a CPU with bf16 matrix units
-# (AVX512-BF16/AMX) bf16 trains `small` about as fast as fp32 trains `mini`, and `mini`
-# saturates there halfway through 30 minutes, so the larger model, with more dropout against
-# 29k pairs, uses the budget; without bf16 units `small` sees too few epochs in 30 minutes, and
-# `mini` stays. Subword sampling pays only with enough epochs: with AMX (Sapphire Rapids, 2
-# threads, 30-36 epochs) source-side BPE-dropout (20 samples) gave val 39.98 against 39.02
-# without, and the last 5 interval checkpoints 40.40 against 39.47; with AVX512-BF16 alone (Zen
-# 4, 14-15 epochs) sampling lost, 37.15 against 39.29, and the last 5 beat the last 3 (39.29 /
-# 39.02). A GPU, with hundreds of epochs in the budget, takes the AMX choice (not measured).
-# Without bf16 units neither was measured, so fp32 keeps what it had.
-# The probability of dropping a merge (SUBWORD_ALPHA), AMX row, 30 epochs: 0.2 lost 5.4 val BLEU
-# (35.46), 0.05 gave 40.45 against 0.1's 40.60 and 40.88, so 0.1 (Provilkov et al.'s) stays.
-# 30 samples instead of 20 (about 30 epochs: a fresh segmentation every epoch, none reused) gave
-# val 41.19 against 40.88 and 40.60, and 40.57 for 20 at the same update count: the AMX row takes 30.
-# Against the AMX defaults' val 40.40 (2 threads), these lost: lr 3e-3 with 800 warmup (38.96),
-# lr 1.5e-3 (40.17), attention and ReLU dropout 0.1 (39.27), dropout 0.3 (37.17 against a fresh
-# clone's 40.60, same batches) and 0.1 (39.32: it overfits after epoch 16), 4+4 layers (far
-# slower to learn per update), and Wu et al. (2021)'s shape, mini
-# with d_ff 256, dropout 0.3, lr 5e-3, 4096 tokens (37.64), though it trains 1.7x the tokens/s.
-# Warmup 800 instead of 400 at lr 2e-3: val 40.47 against a fresh clone's 40.99 in the same 30
-# minutes (a slower host then) and that run's 40.17 at equal update counts: one pair, inside the
-# spread of repeated runs, so WARMUP stays 400.
-# On the Zen 4 (2 threads, one run each), label smoothing 0.2 gave val 40.21 against 39.08-39.57 in
-# three runs with the paper's 0.1 (test 39.02 against 38.54-38.96), and a joint BPE of 5000 instead
-# of 8000 val 39.51 (inside that spread; VOCAB stays), and dropout 0.1 val 39.75 against 0.2's 40.03
-# (2026-12-06). With AMX (Sapphire Rapids, 29 epochs, the
-# same batches in both runs) label smoothing 0.2 lost: val 39.85 against 0.1's 40.60 at this row's
-# window, 40.66 against 40.76 at the best window and alpha of each; the AMX row keeps 0.1, and the
-# fp32 row (not compared) the paper's 0.1. Averaging denser checkpoints over the last fifth of
-# training won on val in all three Zen 4 runs it was tried on (post hoc, each run's own
-# checkpoints): 7 checkpoints about a minute apart against the last 5 two minutes apart, 40.63 /
-# 40.21 (label smoothing 0.2), 39.76 / 39.22, 39.63 / 39.51; so that row saves every BUDGET/30
-# and averages the last 7. On the AMX row, windows of 5-15 epoch checkpoints (about a minute
-# apart) and alpha 1.6 stayed within -0.10..+0.16 val BLEU of its last 5 of 15, which it keeps;
-# the fp32 row was not compared and keeps the last 3 of 15. Also lost on the Zen 4 (val, 2026-12-06, against 40.03):
-# word dropout 0.1 on both sides (39.56), label smoothing 0.3 (39.97), joint BPE 5000 (39.67), 1024-token batches;
-# and against the four defaults runs' mean val 40.20: label smoothing 0.3 with BPE 5000 (39.54), dropout 0.3
-# (39.15), 8 heads (39.65), 4+2 layers (behind in val NLL all along); beam 6 and alpha 1.6 moved val by under 0.2.
-# Zen 4, later that day (docs/recipes.md): a unigram vocabulary won on val (40.68 against BPE's 39.97-40.59), so that
-# row takes it (AMX samples with BPE-dropout and keeps BPE; fp32 was not compared); --lr-cooldown 0.25/0.5 lowered val
-# loss, not val BLEU; alpha 1.8 with a length cap won val and lost test (val's references run longer): LENPEN stays.
-# Around the unigram row (Zen 4, one run each): vocabulary 10000, source-side unigram sampling (alpha 0.5) and lr 2.5e-3
-# all lost on val; the row stays as it is.
+# What each "auto" above becomes, by the kind of machine training will use (never by a timing):
+# a CPU with AMX (or a GPU), a CPU with AVX512-BF16 and no AMX, a CPU without bf16 units (fp32).
+# Each value was chosen on val at equal wall-clock time; the runs behind every row, and what was
+# tried and lost: docs/recipes.md, "How the settings were chosen".
 MODEL_CHOICES: dict[str, dict[str, Any]] = {
     "amx": {"ARCH": "small", "DROPOUT": 0.2, "LABEL_SMOOTHING": 0.1, "VOCAB_TYPE": "bpe", "SUBWORD_SAMPLES": 30,
             "AVERAGE_LAST": 5, "SAVE_INTERVALS": 15},
@@ -123,9 +82,8 @@ MODEL_CHOICES: dict[str, dict[str, Any]] = {
 AUTO_INTEGERS = ("SUBWORD_SAMPLES", "AVERAGE_LAST", "SAVE_INTERVALS")
 """The integer settings among MODEL_CHOICES' keys: an environment value for them is read as an integer."""
 
-# The paper's beam 4; the length penalty chosen on val. With the paper's alpha 0.6 these models
-# write too short (val length ratio 0.92, brevity penalty 0.91); alpha 1.4 gave +0.6 to +0.8
-# val BLEU on both `mini` and `small` (1.0: +0.35, 1.8: too long, -0.9). `nmt translate` keeps
+# The paper's beam 4; the length penalty chosen on val: with the paper's alpha 0.6 these models
+# write too short, and 1.4 won on both `mini` and `small` (docs/recipes.md). `nmt translate` keeps
 # the paper's 0.6 as its default.
 DECODING: dict[str, Any] = {
     "BEAM": 4,
@@ -223,8 +181,7 @@ def build_steps(s: dict[str, Any]) -> list[Step]:
         "preprocess", "--run-dir", run, "--source-lang", src, "--target-lang", tgt,
         "--trainpref", train_dir / "train", "--validpref", data_dir / SPLITS["valid"],
         "--testpref", data_dir / SPLITS["test"], "--vocab-size", s["VOCAB"], "--vocab-type", s["VOCAB_TYPE"],
-        *(["--subword-samples", s["SUBWORD_SAMPLES"], "--subword-alpha", flag_value(s["SUBWORD_ALPHA"]),
-           "--subword-sides", s["SUBWORD_SIDES"]]
+        *(["--subword-samples", s["SUBWORD_SAMPLES"], "--subword-alpha", flag_value(s["SUBWORD_ALPHA"])]
           if s["SUBWORD_SAMPLES"] else []),
         *(["--workers", str(s["THREADS"])] if s["THREADS"] else []),
     ]))

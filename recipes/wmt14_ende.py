@@ -379,7 +379,7 @@ class GpuRate:
     """A committed `make bench-train-gpu` measurement: what the hours are computed from."""
 
     path: Path
-    kind: str                  # the machine slug of the file name, e.g. H200
+    kind: str                  # the machine slug of the file name (DATE_COMMIT_MACHINE_bench-NAME.json)
     machine: str
     arch: str
     max_tokens: int            # --max-tokens of its steps (one step an update)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -105,22 +106,56 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> N
         assert n in lines[0], lines[0]
 
 
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """`build(folder)` run once per test run, not once per xdist worker: the first worker to ask
+    builds it under a lock in the folder the workers' temporary folders share; the others wait
+    for it and use it (read it only: copy it to change it)."""
+    import fcntl
+
+    shared = tmp_path_factory.getbasetemp().parent / "built-once"
+    shared.mkdir(exist_ok=True)
+    folder, done = shared / name, shared / f"{name}.done"
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def trained_tiny_run(multi30k_dir: Path, tmp_path_factory) -> Path:
     """A `tiny` model trained for half a minute on 3000 Multi30k pairs: it ends its sentences
     with eos, as a real model does, which a random model almost never does."""
     import gzip
 
-    root = tmp_path_factory.mktemp("trained_tiny")
-    for split, n in (("train", 3000), ("val", 100)):
-        for lang in ("en", "de"):
-            with gzip.open(multi30k_dir / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
-                (root / f"{split}.{lang}").write_text("".join(line for _, line in zip(range(n), f)), encoding="utf-8")
-    run = root / "run"
-    for args in (("preprocess", "-s", "en", "-t", "de", "--trainpref", root / "train", "--validpref", root / "val",
-                  "--vocab-size", "1000", "--workers", "1"),
-                 ("train", "--arch", "tiny", "--amp", "none", "--max-tokens", "1024", "--threads", "1", "--no-progress-bar", "--seed", "1",
-                  "--save-interval-minutes", "0", "--warmup", "50", "--lr", "3e-3", "--max-update", "600")):
-        proc = run_nmt(args[0], "-r", run, *args[1:])
+    def build(root: Path) -> None:
+        for split, n in (("train", 3000), ("val", 100)):
+            for lang in ("en", "de"):
+                with gzip.open(multi30k_dir / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+                    (root / f"{split}.{lang}").write_text("".join(line for _, line in zip(range(n), f)), encoding="utf-8")
+        for args in (("preprocess", "-s", "en", "-t", "de", "--trainpref", root / "train", "--validpref", root / "val",
+                      "--vocab-size", "1000", "--workers", "1"),
+                     ("train", "--arch", "tiny", "--amp", "none", "--max-tokens", "1024", "--threads", "1", "--no-progress-bar",
+                      "--seed", "1", "--save-interval-minutes", "0", "--warmup", "50", "--lr", "3e-3", "--max-update", "600")):
+            proc = run_nmt(args[0], "-r", root / "run", *args[1:])
+            assert proc.returncode == 0, proc.stderr
+
+    return built_once(tmp_path_factory, "trained_tiny", build) / "run"
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory) -> Path:
+    """A preprocessed run directory with a joint vocabulary of 100 pieces (training tests copy it:
+    `fresh_copy`)."""
+    from test_train import write_corpus
+
+    def build(root: Path) -> None:
+        write_corpus(root / "text")
+        proc = run_nmt("preprocess", "-r", root / "run", "-s", "en", "-t", "de", "--trainpref", root / "text/train",
+                       "--validpref", root / "text/valid", "--vocab-size", "100", "--workers", "1")
         assert proc.returncode == 0, proc.stderr
-    return run
+
+    return built_once(tmp_path_factory, "prepared", build) / "run"

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from nmt.ops import ancestor_attention as aa
-from nmt.ops import native
-from nmt.ops.cpu_decoder_step import PackedSelfAttentionCache
+from nmt.ops import fused_vocabulary_top, native
+from nmt.model.incremental import SelfAttentionCache
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -40,14 +40,14 @@ def test_the_cache_attends_as_a_reordered_one_through_fan_out_growth_rows_leavin
     until fewer than half the rows held are live (the cache compacts); past the capacities."""
     g = torch.Generator().manual_seed(1)
     heads, d_head, beam = 2, 8, 3
-    ancestor, packed = aa.AncestorSelfAttentionCache(), PackedSelfAttentionCache()
+    ancestor, stock = aa.AncestorSelfAttentionCache(), SelfAttentionCache()
     sentences = 6
     rows = sentences
     compacted = False
     for step in range(30):
         q = torch.randn(rows, heads, d_head, generator=g)
         kv = torch.randn(rows, 2, heads, d_head, generator=g)
-        k, v = packed.append(kv)
+        k, v = stock.append(kv[:, 0, :, None], kv[:, 1, :, None])  # (rows, h, 1, d_head) each
         want = F.scaled_dot_product_attention(q[:, :, None], k, v)[:, :, 0]
         torch.testing.assert_close(ancestor.attend(q, kv), want, rtol=1e-5, atol=1e-5)
         if step in (8, 14, 20) and sentences > 1:
@@ -56,13 +56,13 @@ def test_the_cache_attends_as_a_reordered_one_through_fan_out_growth_rows_leavin
         parents = [s * width + int(torch.randint(width, (1,), generator=g)) for s in range(sentences) for _ in range(beam)]
         held = ancestor.held
         rows = len(parents)
-        packed.reorder(torch.tensor(parents), None)
+        stock.reorder(torch.tensor(parents), None)
         ancestor.reorder(torch.tensor(parents), None)
         compacted |= ancestor.held < held
     assert compacted and max(kv.size(0) for kv in ancestor.steps) <= 2 * rows  # never more than twice the live rows once they shrink
 
 
-def test_without_a_compiler_decoding_keeps_the_packed_step_and_says_so_once(monkeypatch, capsys, tmp_path):
+def test_without_a_compiler_decoding_takes_the_stock_step_and_says_so_once(monkeypatch, capsys, tmp_path):
     from torch.utils import cpp_extension
 
     def no_compiler(*args, **kwargs):
@@ -76,17 +76,17 @@ def test_without_a_compiler_decoding_keeps_the_packed_step_and_says_so_once(monk
     err = capsys.readouterr().err
     assert err.count("cannot be built here (Ninja is required to load C++ extensions") == 1
 
-    from test_cpu_decoder_step import _models
+    from ops.test_native_decoder_step import _models
     from test_beam_search import _batch
 
-    _, fast = _models(seed=2)
+    _, fast = _models(seed=2, path="auto")
     with torch.inference_mode():
         state = fast.init_decoder_state(fast.encode(_batch([4, 6], 24, seed=3)))
-    assert type(state.caches[0]) is PackedSelfAttentionCache
-    assert fast.fused_vocabulary_top is None  # the search ranks with its PyTorch operations too
+    assert type(state.caches[0]) is SelfAttentionCache
+    assert fused_vocabulary_top(fast) is None  # the search ranks with its PyTorch operations too
 
 
-def test_nmt_native_kernels_0_keeps_the_packed_step(monkeypatch):
+def test_nmt_native_kernels_0_keeps_the_stock_step(monkeypatch):
     monkeypatch.setenv(native.DISABLE_ENV, "0")
     assert native.native_module() is None
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import assert_one_line_error, run_nmt
-from nmt.average import average_checkpoints, last_checkpoints, list_checkpoints
+from nmt.average import average_checkpoints, last_checkpoint_infos, list_checkpoints
 from nmt.run.checkpoint import load_checkpoint, save_checkpoint
 from nmt.errors import NmtError
 from nmt.model.transformer import Transformer
@@ -63,6 +63,10 @@ def names(paths) -> list[str]:
     return [Path(p).name for p in paths]
 
 
+def last_names(folder: Path, n: int, kind: str = "all") -> list[str]:
+    return names(c.path for c in last_checkpoint_infos(folder, n, kind))
+
+
 def test_candidates_are_ordered_by_stored_update_and_same_update_counts_once(run: Path):
     infos = list_checkpoints(run / "checkpoints")
     assert [c.update for c in infos] == [100, 900, 1000, 1500, 2000]
@@ -71,9 +75,9 @@ def test_candidates_are_ordered_by_stored_update_and_same_update_counts_once(run
 
 
 def test_kind_selects_the_update_or_the_epoch_checkpoints(run: Path):
-    assert names(last_checkpoints(run / "checkpoints", 3, "updates")) == [
+    assert last_names(run / "checkpoints", 3, "updates") == [
         "checkpoint_1_900.pt", "checkpoint_1_1000.pt", "checkpoint_2_1500.pt"]
-    assert names(last_checkpoints(run / "checkpoints", 2, "epochs")) == ["checkpoint1.pt", "checkpoint2.pt"]
+    assert last_names(run / "checkpoints", 2, "epochs") == ["checkpoint1.pt", "checkpoint2.pt"]
 
 
 def test_names_give_the_order_when_no_update_is_stored(tmp_path: Path):
@@ -81,7 +85,7 @@ def test_names_give_the_order_when_no_update_is_stored(tmp_path: Path):
     make_checkpoint(ck / "checkpoint10.pt", 1, 10, None)
     make_checkpoint(ck / "checkpoint9.pt", 2, 9, None)
     make_checkpoint(ck / "checkpoint_10_5000.pt", 3, 10, None)
-    assert names(last_checkpoints(ck, 3)) == ["checkpoint9.pt", "checkpoint_10_5000.pt", "checkpoint10.pt"]
+    assert last_names(ck, 3) == ["checkpoint9.pt", "checkpoint_10_5000.pt", "checkpoint10.pt"]
 
 
 def test_last_3_is_the_elementwise_mean_of_the_last_three_checkpoints(run: Path):
@@ -90,10 +94,10 @@ def test_last_3_is_the_elementwise_mean_of_the_last_three_checkpoints(run: Path)
     for name in ("checkpoint_2_1500.pt", "checkpoint2.pt"):
         assert name in proc.stderr
     sources = [load_checkpoint(run / "checkpoints" / n) for n in
-               (names(last_checkpoints(run / "checkpoints", 3)))]
+               last_names(run / "checkpoints", 3)]
     avg = load_checkpoint(run / "checkpoints" / "checkpoint_avg.pt")
     assert avg["config"] == sources[0]["config"]
-    assert avg["averaged_from"] == names(last_checkpoints(run / "checkpoints", 3))
+    assert avg["averaged_from"] == last_names(run / "checkpoints", 3)
     assert "optimizer" not in avg and "train_state" not in avg
     assert set(avg["model"]) == set(sources[0]["model"])
     for name, tensor in avg["model"].items():

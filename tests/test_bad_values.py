@@ -22,7 +22,6 @@ from nmt.run.checkpoint import load_checkpoint, save_checkpoint
 from nmt.errors import NmtError
 from nmt.model.config import TransformerConfig, build_config
 from nmt.preprocess.config import PreprocessConfig
-from nmt.settings import numeric_fields
 from nmt.inference.sampling_config import SamplingConfig
 from nmt.serve.config import ServeConfig
 from nmt.train.config import ModelSettings, TrainConfig
@@ -55,6 +54,12 @@ def bad_values(cls: type, name: str) -> list[Any]:
     if allowed.high_open and math.isfinite(allowed.high):
         values.append(allowed.high)
     return values
+
+
+def numeric_fields(cls: type) -> list[str]:
+    """The int and float fields of a settings dataclass (optional ones too): each needs a range."""
+    hints = typing.get_type_hints(cls)
+    return [f.name for f in fields(cls) if {int, float} & {hints[f.name], *typing.get_args(hints[f.name])}]
 
 
 CASES = [(cls, name, value) for cls in VALID for name in numeric_fields(cls) for value in bad_values(cls, name)]

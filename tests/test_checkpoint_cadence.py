@@ -12,7 +12,7 @@ import torch
 from conftest import run_nmt
 from nmt.run.checkpoint import load_checkpoint
 from nmt.run.checkpoint_files import epoch_checkpoints, interval_checkpoints
-from test_train import TINY, fresh_copy, prepared  # noqa: F401  (fixture)
+from test_train import TINY, fresh_copy  # noqa
 
 # TINY without its "--save-interval-minutes 0"
 BASE = [a for i, a in enumerate(TINY) if a != "--save-interval-minutes" and TINY[i - 1] != "--save-interval-minutes"]

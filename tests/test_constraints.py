@@ -12,7 +12,7 @@ import torch
 
 from conftest import assert_one_line_error, run_nmt
 from nmt.inference.config import SearchConfig
-from nmt.inference.constrained_search import ConstraintState, ConstraintStates, constrained_beam_search, stripe
+from nmt.inference.constrained_search import ConstraintState, ConstraintStates, constrained_beam_search, deal
 from nmt.inference.hypothesis import TargetRequest
 from nmt.inference.translator import TranslateConfig, load_translator
 from nmt.model.config import build_config
@@ -34,6 +34,13 @@ def test_the_state_follows_phrases_in_any_order_and_drops_broken_progress():
     assert twice.met == (True, False) and twice.advance(4).complete  # two equal phrases need two occurrences
     restart = ConstraintState.start([(1, 1, 2)]).advance(1).advance(1).advance(1)
     assert restart.bank == 2 and restart.advance(2).complete  # "1 1 1 2" still holds "1 1 2"
+
+
+def stripe(candidates: list[tuple[float, int, int, ConstraintState]], k: int) -> list[tuple[float, int, int, ConstraintState]]:
+    """`deal` over one sentence's (log-probability, row, token, state) candidates."""
+    ranked = sorted(candidates, key=lambda c: -c[0])
+    positions, real = deal(torch.tensor([[c[3].bank for c in ranked]]), min(k, len(ranked)))
+    return [ranked[p] for p in positions[real].tolist()]
 
 
 def test_beam_slots_are_dealt_from_the_banks_highest_first():

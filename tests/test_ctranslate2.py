@@ -303,7 +303,7 @@ def test_translates_started_at_once_all_succeed(two_runs, tmp_path):
         proc.start()
     hyps = [results.get(timeout=600) for _ in procs]
     for proc in procs:
-        proc.join(timeout=60)
+        proc.join(timeout=900)
     assert not [h for h in hyps if h.startswith("failed: ")], hyps
     assert len(set(hyps)) == 1
     assert [p.name for p in (run / "ctranslate2").iterdir() if p.is_dir()] == ["checkpoint_last"]  # no staging left
@@ -339,6 +339,15 @@ def test_export_builds_no_kernels_and_says_nothing_but_its_own_lines(two_runs, t
     assert proc.returncode == 0, proc.stderr
     assert list(extensions.iterdir()) == [] and "C++ decoder kernels" not in proc.stderr
     assert all(line.startswith("nmt") for line in proc.stderr.splitlines()), proc.stderr
+
+
+def test_an_export_aligns_with_the_layer_nmt_translate_aligns_with_by_default():
+    """Export never imports nmt.inference, so it names the layer itself; an engine asked for
+    another layer than the export's refuses, so the two must agree."""
+    from nmt.export.ctranslate2 import alignment_layer
+    from nmt.inference.config import AlignmentConfig
+
+    assert [alignment_layer(n) for n in (1, 2, 6)] == [AlignmentConfig().layer_of(n) for n in (1, 2, 6)]
 
 
 # -- --force replaces an earlier export, never a file a hand-made record names ----------------

@@ -22,7 +22,7 @@ from conftest import assert_one_line_error, run_nmt, start_nmt, wait_until
 from nmt.train import distributed as dist_util
 from nmt.run.checkpoint import load_checkpoint
 from nmt.errors import NmtError
-from test_train import TINY, fresh_copy, prepared  # noqa: F401  (fixture)
+from test_train import TINY, fresh_copy  # noqa
 
 DDP_ARGS = [*TINY[:-2], "--warmup", "4", "--dropout", "0", "--max-update", "4", "--seed", "5",
             "--log-interval", "1", "--no-epoch-checkpoints"]
@@ -64,7 +64,7 @@ def test_torchrun_two_processes_give_the_same_result(prepared, single_with_updat
         port = sock.getsockname()[1]
     proc = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port),
                            "-m", "nmt_cli", "train",
-                           "-r", str(run), *DDP_ARGS, "--device", "cpu"], capture_output=True, text=True, timeout=300)
+                           "-r", str(run), *DDP_ARGS, "--device", "cpu"], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same_params(final_params(single_with_update_freq_2), final_params(run))
 
@@ -79,7 +79,7 @@ def test_killed_worker_stops_the_job_naming_its_rank_and_rerun_resumes(prepared,
     assert len(workers) == 2
     workers[1].send_signal(signal.SIGKILL)
     start = time.time()
-    _, stderr = parent.communicate(timeout=60)
+    _, stderr = parent.communicate(timeout=900)
     assert time.time() - start < 60
     assert parent.returncode != 0
     assert "rank 1" in stderr and "SIGKILL" in stderr and "Traceback" not in stderr

@@ -122,7 +122,7 @@ def test_a_full_disk_on_stdout_is_one_line(tmp_path):
     (tmp_path / "h.txt").write_text("a man\n")
     with open("/dev/full", "w") as full:
         proc = subprocess.run([sys.executable, "-m", "nmt_cli", "score", "--ref", tmp_path / "h.txt", "--hyp",
-                               tmp_path / "h.txt"], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+                               tmp_path / "h.txt"], stdout=full, stderr=subprocess.PIPE, text=True, timeout=900)
     assert_one_line_error(proc, "no space left on device")
 
 
@@ -131,7 +131,7 @@ def test_translate_to_a_full_disk_is_one_line(trained_run):
     with open("/dev/full", "w") as full:
         proc = subprocess.run([sys.executable, "-m", "nmt_cli", "translate", "--threads", "1", "-q", "-r", trained_run,
                                "--max-len-b", "3"], input="a man\n" * 5, stdout=full, stderr=subprocess.PIPE,
-                              text=True, timeout=120)
+                              text=True, timeout=900)
     assert_one_line_error(proc, "no space left on device")
     assert snapshot(trained_run) == before
 
@@ -176,7 +176,7 @@ def test_ctrl_c_says_interrupted_and_exits_130(tmp_path):
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=120) == 130
+    assert proc.wait(timeout=900) == 130
     assert proc.stderr.read().decode().strip() == "nmt: interrupted"
     proc.stdin.close()
 

@@ -173,7 +173,7 @@ def test_bf16_attention_on_cpu_is_computed_in_fp32_and_matches_sdpa():
         out = attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), attn_mask=mask)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), ref.bfloat16().float())
-    # Under torch.compile the query can arrive in fp32 beside bf16 keys and values (SDPA
+    # A query can arrive in fp32 beside bf16 keys and values (SDPA
     # refuses mixed dtypes): attended in fp32 all the same, the result in bf16.
     with torch.autocast("cpu", dtype=torch.bfloat16):
         mixed = attend(q.bfloat16().float(), k.bfloat16(), v.bfloat16(), attn_mask=mask)

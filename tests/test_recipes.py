@@ -66,7 +66,7 @@ MULTI30K_TINY = {
 def test_multi30k_recipe_runs_the_whole_chain_and_a_second_run_does_not_retrain(multi30k_dir: Path, tmp_path: Path):
     run = tmp_path / "run"
     env = {**MULTI30K_TINY, "MULTI30K_DIR": str(multi30k_dir), "RUN_DIR": str(run), "MULTI30K_URL": UNREACHABLE}
-    first = run_recipe("multi30k", env, timeout=300)
+    first = run_recipe("multi30k", env, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
 
     # every step is shown as the exact command before it runs
@@ -115,7 +115,7 @@ def test_multi30k_recipe_runs_the_whole_chain_and_a_second_run_does_not_retrain(
     checkpoint = run / "checkpoints" / "checkpoint_last.pt"
     stamp = checkpoint.stat().st_mtime_ns
     log_lines = (run / "logs" / "train.jsonl").read_text(encoding="utf-8").count("\n")
-    second = run_recipe("multi30k", env, timeout=120)
+    second = run_recipe("multi30k", env, timeout=900)
     assert second.returncode == 0, second.stderr[-3000:]
     said = " ".join(second.stderr.split())  # rich wraps long lines
     assert "already preprocessed with the same settings" in said
@@ -126,7 +126,7 @@ def test_multi30k_recipe_runs_the_whole_chain_and_a_second_run_does_not_retrain(
 
 
 def test_multi30k_recipe_without_network_or_multi30k_dir_stops_at_once_naming_the_variable(tmp_path: Path):
-    proc = run_recipe("multi30k", {"RUN_DIR": str(tmp_path / "run"), "MULTI30K_URL": UNREACHABLE}, timeout=60)
+    proc = run_recipe("multi30k", {"RUN_DIR": str(tmp_path / "run"), "MULTI30K_URL": UNREACHABLE}, timeout=900)
     assert proc.returncode == 1
     lines = stderr_lines(proc)
     assert len(lines) == 1, proc.stderr
@@ -262,7 +262,7 @@ WMT_TINY = {
 def test_wmt14_recipe_runs_offline_on_a_fake_wmt14_directory(tmp_path: Path):
     data = make_fake_wmt14(tmp_path / "wmt14")
     run = tmp_path / "run"
-    proc = run_recipe("wmt14_ende", {**WMT_TINY, "WMT14_DIR": str(data), "RUN_DIR": str(run)}, timeout=240)
+    proc = run_recipe("wmt14_ende", {**WMT_TINY, "WMT14_DIR": str(data), "RUN_DIR": str(run)}, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     # the whole training text, cleaned by preprocess, and test-full's newstest2014 (not the decoy)
@@ -289,7 +289,7 @@ def test_wmt14_dry_run_prints_the_whole_plan_with_the_update_freq_computation(tm
     if shutil.which("make"):
         # -o: take the venv as installed, so the check runs offline
         proc = subprocess.run(["make", "--no-print-directory", "-o", ".venv/.installed", "recipe-wmt14-ende"],
-                              cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+                              cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=900)
     else:
         proc = run_recipe("wmt14_ende", env)
     assert proc.returncode == 0, proc.stderr
@@ -388,7 +388,7 @@ def test_wmt14_recipe_refuses_to_train_without_a_gpu_unless_allowed(tmp_path: Pa
 
 def test_wmt14_recipe_without_network_names_wmt14_dir(tmp_path: Path):
     proc = run_recipe("wmt14_ende", {"RUN_DIR": str(tmp_path / "run"), "ALLOW_CPU": "1", "WMT14_URL": UNREACHABLE},
-                      timeout=60)
+                      timeout=900)
     assert proc.returncode == 1
     lines = stderr_lines(proc)
     assert len(lines) == 1 and "download failed" in lines[0] and "WMT14_DIR" in lines[0]

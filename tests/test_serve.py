@@ -218,10 +218,12 @@ def test_sigterm_answers_the_requests_in_flight_then_exits_0(run_dir, model, tmp
         answers: list = [None] * 4
         threads = [threading.Thread(target=lambda i=i: answers.__setitem__(i, srv.post({"text": requests[i]})))
                    for i in range(4)]
-        for t in threads:
+        threads[0].start()  # the first is started before the others arrive, so it is the oldest
+        srv.wait_for_stats(lambda s: s["requests"] == 1 and s["batches"] >= 1)
+        for t in threads[1:]:
             t.start()
         # All four are with the batcher, and the oldest is started: every call takes one of its sentences.
-        stats = srv.wait_for_stats(lambda s: s["requests"] == 4 and s["batches"] >= 1)
+        stats = srv.wait_for_stats(lambda s: s["requests"] == 4)
         assert stats["batches"] < 24  # and not all of their 24 model calls are done
         code = srv.terminate()
         for t in threads:
@@ -244,7 +246,7 @@ def test_a_port_in_use_is_a_one_line_error(run_dir):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        assert_one_line_error(run_nmt("serve", "-r", run_dir, "--port", port, timeout=120), "cannot listen", str(port))
+        assert_one_line_error(run_nmt("serve", "-r", run_dir, "--port", port, timeout=900), "cannot listen", str(port))
 
 
 def test_the_ctranslate2_engine_serves_translations_and_info(run_dir, tmp_path):
@@ -273,7 +275,7 @@ def test_the_ctranslate2_engine_serves_translations_and_info(run_dir, tmp_path):
 
 
 def test_a_default_beam_no_request_may_ask_for_is_a_one_line_error(run_dir):
-    assert_one_line_error(run_nmt("serve", "-r", run_dir, "--port", "0", "--beam", "20", timeout=120), "--beam 20", "--max-beam 16")
+    assert_one_line_error(run_nmt("serve", "-r", run_dir, "--port", "0", "--beam", "20", timeout=900), "--beam 20", "--max-beam 16")
 
 
 def test_parse_body_refuses_100k_deep_json_with_a_400():

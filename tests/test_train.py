@@ -29,18 +29,6 @@ def write_corpus(folder: Path, n_train: int = 400, n_valid: int = 40, seed: int 
         (folder / f"{split}.de").write_text("\n".join(" ".join(s.split()[::-1]).upper() for s in src) + "\n", encoding="utf-8")
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory) -> Path:
-    """A preprocessed run directory with a joint vocabulary of 100 pieces."""
-    root = tmp_path_factory.mktemp("train")
-    write_corpus(root / "text")
-    run = root / "run"
-    proc = run_nmt("preprocess", "-r", run, "-s", "en", "-t", "de", "--trainpref", root / "text/train",
-                   "--validpref", root / "text/valid", "--vocab-size", "100", "--workers", "1")
-    assert proc.returncode == 0, proc.stderr
-    return run
-
-
 def fresh_copy(prepared: Path, dest: Path) -> Path:
     shutil.copytree(prepared, dest)
     return dest

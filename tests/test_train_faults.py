@@ -12,7 +12,7 @@ import torch
 from conftest import assert_one_line_error, run_nmt, start_nmt, wait_until
 from nmt.run.checkpoint import load_checkpoint
 from test_faults import needs_mount, nmt_with_mount
-from test_train import TINY, fresh_copy, prepared, write_corpus  # noqa: F401  (fixture)
+from test_train import TINY, fresh_copy, write_corpus  # noqa
 
 
 def snapshot(run: Path) -> dict[str, bytes]:

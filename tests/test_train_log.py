@@ -18,7 +18,7 @@ import torch
 from conftest import run_nmt
 from nmt.model.config import transformer_base, transformer_tiny
 from nmt.train.log import TrainLogger
-from test_train import TINY, fresh_copy, prepared  # noqa: F401  (fixture)
+from test_train import TINY, fresh_copy  # noqa
 
 
 class FakeClock:

@@ -14,13 +14,15 @@ import torch
 
 from conftest import assert_one_line_error, run_nmt
 from nmt.inference.beam_search import SearchConfig
+from nmt.ops.native import native_module
 from nmt.run.checkpoint import save_checkpoint
+from nmt.run.checkpoint_choice import default_checkpoint
 from nmt.run.identity import run_identity
 from nmt.model.transformer import Transformer
 from nmt.model.config import build_config
 from nmt.run.directory import RunDir
 from nmt.data.tokenizer import train_tokenizer
-from nmt.inference.translator import TranslateConfig, Translator, default_checkpoint, load_translator
+from nmt.inference.translator import TranslateConfig, Translator, load_translator
 
 WORDS = ("ein Mann fährt Fahrrad über die Straße . zwei Hunde spielen im Schnee , während Kinder lachen ; "
          "a man rides a bike across the street . two dogs play in the snow while children laugh ! "
@@ -142,7 +144,26 @@ def test_default_checkpoint_is_avg_then_best_then_last_and_named_on_stderr(run_d
     assert default_checkpoint(RunDir(run)) == ckpt / "checkpoint_avg.pt"
     proc = run_nmt("translate", "--threads", "1", "-r", run, "--max-len-b", "2", input="ein Mann\n")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.splitlines()[0] == f"nmt translate: checkpoint {ckpt / 'checkpoint_avg.pt'}"
+    assert proc.stderr.splitlines()[0].startswith(f"nmt translate: checkpoint {ckpt / 'checkpoint_avg.pt'}; decoder ")
+
+
+def test_the_first_line_names_the_decoding_path_and_decoder_chooses_it(run_dir):
+    """`--decoder native|stock|auto`: the stderr's first line says which step searched; the two
+    paths give the same translations (the same maths; scores may differ in their last bits)."""
+    lines = "ein Mann fährt Rad\nzwei Hunde spielen im Schnee\n"
+    outputs = {}
+    for decoder in ("auto", "stock", "native"):
+        proc = run_nmt("translate", "--threads", "1", "-r", run_dir, "--decoder", decoder, input=lines)
+        first = proc.stderr.splitlines()[0] if proc.stderr else ""
+        if decoder == "native" and proc.returncode != 0:  # no compiler here: a one-line refusal
+            assert_one_line_error(proc, "--decoder native needs nmt's C++ kernels")
+            continue
+        assert proc.returncode == 0, proc.stderr
+        outputs[decoder] = proc.stdout
+        path = {"stock": "stock", "native": "native"}.get(decoder) or ("native" if native_module() is not None else "stock")
+        assert f"; decoder {path}: " in first, first
+    assert len(set(outputs.values())) == 1
+    assert_one_line_error(run_nmt("translate", "-r", run_dir, "--decoder", "fast", input=lines), "--decoder must be one of")
 
 
 def test_no_checkpoint_and_a_damaged_checkpoint_are_one_line_errors(run_dir, tmp_path):

@@ -11,7 +11,7 @@ import torch
 from nmt.inference.beam_search import SearchConfig, beam_search
 from nmt.model.config import SpecialIds, build_config
 from nmt.model.transformer import Transformer
-from nmt.ops import native, optimize_for
+from nmt.ops import fused_vocabulary_top, native, optimize_for
 from nmt.ops.vocabulary_top import vocabulary_top
 from test_beam_search import _batch  # tests/ is on pytest's path
 
@@ -82,12 +82,12 @@ def test_a_model_s_search_finds_the_same_translations_with_the_loop_as_without(b
     torch.manual_seed(4)
     stock = Transformer(build_config("tiny", 300, 300)).eval()
     fast = optimize_for(copy.deepcopy(stock), torch.device("cpu"), torch.float32, inference=True).eval()
-    assert fast.fused_vocabulary_top is not None and stock.fused_vocabulary_top is None
+    assert fused_vocabulary_top(fast) is not None and fused_vocabulary_top(stock) is None
     src = _batch([9, 4, 12, 7, 2], 300, seed=6)
     cfg = SearchConfig(beam=4, beam_style=style, lenpen_style="avg" if style == "fairseq" else "gnmt", nbest=3)
     with_loop = beam_search(fast, src, cfg)
-    monkeypatch.setenv(native.DISABLE_ENV, "0")  # the same model, the search's PyTorch operations
-    assert fast.fused_vocabulary_top is None
+    monkeypatch.setattr(fast, "decoder_path", "stock")  # the same model on the stock path: PyTorch step and ranking
+    assert fused_vocabulary_top(fast) is None
     without = beam_search(fast, src, cfg)
     assert [[h.tokens for h in hyps] for hyps in with_loop] == [[h.tokens for h in hyps] for hyps in without]
     for a, b in zip(with_loop, without):

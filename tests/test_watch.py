@@ -19,7 +19,7 @@ import pytest
 from conftest import assert_one_line_error, run_nmt
 from nmt.train.progress import Limits, format_duration, time_to_end
 from nmt.train.policy import patience_count
-from test_train import fresh_copy, prepared  # noqa: F401  (prepared: the preprocessed tiny task)
+from test_train import fresh_copy  # noqa
 
 TINY = ["--arch", "tiny", "--amp", "none", "--max-tokens", "256", "--threads", "1", "--save-interval-minutes", "0", "--warmup", "10"]
 

@@ -110,10 +110,9 @@ def vocabulary_tokens(tokenizer: Any) -> list[str]:
 
 def alignment_layer(decoder_layers: int) -> int:
     """The decoder layer (from 0) whose heads' mean attention an export returns to `return_attention`:
-    the default of `nmt translate --alignment-layer`."""
-    from nmt.inference.config import AlignmentConfig
-
-    return AlignmentConfig().layer_of(decoder_layers)
+    the last, as `nmt translate --alignment-layer` -1 (its default, fairseq's) chooses; written here
+    because export never imports `nmt.inference` (tests/test_ctranslate2.py holds the two together)."""
+    return decoder_layers - 1
 
 
 def _fill_spec(model: Any, src_tokens: list[str], tgt_tokens: list[str]) -> Any:
@@ -206,11 +205,11 @@ def export_ctranslate2(run_dir: str | Path, output: str | Path, checkpoint: Opti
 
     import torch
 
-    from nmt.run.checkpoint import load_checkpoint
+    from nmt.run.checkpoint import load_checkpoint, load_stock_model
+    from nmt.run.checkpoint_choice import default_checkpoint, resolve_checkpoint
     from nmt.run.identity import check_identity, checkpoint_identity, run_identity
     from nmt.run.directory import RunDir
     from nmt.data.tokenizer import load_tokenizer
-    from nmt.inference.checkpoints import default_checkpoint, load_model, resolve_checkpoint
     from nmt.model.transformer import count_parameters
 
     ctranslate2 = import_ctranslate2()
@@ -222,7 +221,7 @@ def export_ctranslate2(run_dir: str | Path, output: str | Path, checkpoint: Opti
     path = resolve_checkpoint(run, checkpoint) if checkpoint is not None else default_checkpoint(run)
     ckpt_identity = checkpoint_identity(load_checkpoint(path, mmap=True))
     check_identity(ckpt_identity, identity, f"checkpoint {path}", warn)
-    model = load_model(path, torch.device("cpu"), torch.float32, decoding=False)  # weights only: nothing to build
+    model = load_stock_model(path, torch.device("cpu"), torch.float32, warn=warn)  # weights only: no device ops to build
     vocab_files = {lang: run.root / record["vocab"][lang] for lang in (src_lang, tgt_lang)}
     src_tok, tgt_tok = (load_tokenizer(vocab_files[lang], num_threads=1) for lang in (src_lang, tgt_lang))
     spec = _fill_spec(model, vocabulary_tokens(src_tok), vocabulary_tokens(tgt_tok))

@@ -58,6 +58,7 @@ from nmt.model.transformer import Transformer
 from nmt.model.config import SpecialIds
 from nmt.inference.config import LENPEN_STYLES, SearchConfig
 from nmt.inference.hypothesis import Hypothesis
+from nmt.ops import fused_vocabulary_top
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ def row_candidates(models: Sequence[Transformer], states: Sequence[DecoderState]
     the whole batch never exist at once; log P = log_softmax(logits), and an ensemble
     averages its members' log-probabilities. `asked` (rows, E) token ids also get their
     log-probabilities (pad asks for nothing: -inf). A model searched alone may do the
-    log-softmax and ranking of a block in one pass of its own (`Transformer.fused_vocabulary_top`)."""
+    log-softmax and ranking of a block in one pass of its own (`nmt.ops.fused_vocabulary_top`)."""
     hidden = [m.decode_step_hidden(tokens, s) for m, s in zip(models, states)]
     ids = models[0].cfg.special_ids
     n_rows = tokens.numel()
@@ -141,7 +142,7 @@ def row_candidates(models: Sequence[Transformer], states: Sequence[DecoderState]
     best = torch.empty(n_rows, per_row, dtype=torch.long, device=tokens.device)
     eos = torch.empty(n_rows, device=tokens.device)
     asked_log_probs = None if asked is None else torch.empty(asked.shape, device=tokens.device)
-    fused = models[0].fused_vocabulary_top if len(models) == 1 and asked is None else None
+    fused = fused_vocabulary_top(models[0]) if len(models) == 1 and asked is None else None
     for start in range(0, n_rows, block):
         rows = slice(start, start + block)
         if fused is not None:  # the same, in one pass over each row of the block (nmt.ops.vocabulary_top)

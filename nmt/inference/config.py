@@ -16,6 +16,8 @@ LENPEN_STYLES = ("gnmt", "avg")
 BEAM_STYLES = ("t2t", "fairseq", "shrink")
 AMP_CHOICES = ("auto", "none", "bf16", "fp16")
 ENGINES = ("nmt", "ctranslate2")
+DECODERS = ("auto", "native", "stock")
+"""nmt's two CPU decoding steps (`nmt.ops.optimize_for` chooses one per model): why two, docs/performance.md."""
 ALIGNMENT_FORMATS = ("hard", "soft")
 MAX_BEAM = 128
 """The widest beam: 32x the paper's 4, far past where BLEU stops improving (wider beams lose
@@ -75,10 +77,9 @@ DEFAULT_BATCH_TOKENS = 4096
 """Source tokens per batch of nmt's own decoder (and of CTranslate2 on a GPU) under --max-tokens 0."""
 CTRANSLATE2_CPU_BATCH_TOKENS = 1024
 """Source tokens per batch of --engine ctranslate2 on a CPU under --max-tokens 0: CTranslate2's
-self-attention cache of a batch grows by every step decoded, so its memory follows the batch. On a 2-core Zen 4
-(`small`, 1000 test_2016_flickr lines, 2 threads as 2 x 1) standalone CTranslate2 peaked at 255
-MiB RSS with 1024-token batches against 699 MiB with 4096, at 213 against 219 sentences/s;
-2048 tokens: 359 MiB, 199 sentences/s (bench/results/2026-12-04_b0b29fe_zen4_ct2-batch-tokens.json)."""
+self-attention cache of a batch grows by every step decoded, so its memory follows the batch:
+1024-token batches held about a third of 4096's peak RSS at about the same speed
+(bench/results/2026-12-04_b0b29fe_zen4_ct2-batch-tokens.json)."""
 
 
 @dataclass
@@ -110,6 +111,13 @@ class TranslateConfig:
         "with its own rule only, which the command line takes unless told otherwise (said on stderr): "
         "--beam-style fairseq --lenpen-style avg; other styles given with it are refused.",
     )
+    decoder: str = setting(
+        "auto",
+        "The decoder step of nmt's engine in fp32 on a CPU: native, nmt's C++ kernels (built once per CPU by "
+        "`make install` or the first model load; needs a C++ compiler and ninja); stock, PyTorch's ops as in "
+        "nmt/model/transformer.py; auto: native where the kernels build, else stock (said on stderr). The same "
+        "maths: outputs may differ in the last bits of a score. Other dtypes and GPUs decode with the stock step.",
+    )
     ct2_model: str = setting("", "CTranslate2 model directory for --engine ctranslate2 (default: RUN/ctranslate2/CHECKPOINT, exported when missing or older than the checkpoint).")
     ct2_compute_type: str = setting("default", "CTranslate2 compute type (default: the exported weights' type; int8, int8_float32, float32, bfloat16, ...).")
 
@@ -123,6 +131,8 @@ class TranslateConfig:
             raise NmtError(f"--encoding-errors must be strict or replace, not {self.encoding_errors!r}")
         if self.amp not in AMP_CHOICES:
             raise NmtError(f"--amp must be one of {', '.join(AMP_CHOICES)}, not {self.amp!r}")
+        if self.decoder not in DECODERS:
+            raise NmtError(f"--decoder must be one of {', '.join(DECODERS)}, not {self.decoder!r}")
         if self.engine not in ENGINES:
             raise NmtError(f"--engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
 

@@ -24,9 +24,10 @@ ranks below every one that has, and the Translator counts and reports such lines
 
 Steps 1-4 run as tensor operations over every candidate of every sentence of the batch at
 once (`ConstraintStates`, `deal`); only the k survivors' states are built, the others' banks
-are computed from their parents' (`ConstraintStates.banks_after`). Per-candidate Python made a
-line with 62 one-word phrases at beam 16 (1,500 candidates a step) take 3x its plain search
-(`bench/bench_constraints.py --phrase-cost`). Log-probabilities add up in float64, as the
+are computed from their parents' (`ConstraintStates.banks_after`): per-candidate Python made a
+line with many phrases at a wide beam cost several times its plain search
+(`bench/bench_constraints.py --phrase-cost`,
+bench/results/2026-12-07_b443580_sapphire-rapids_bench-constraints-phrase-cost.json). Log-probabilities add up in float64, as the
 Python floats of the first version did, so its results are kept to the last bit. The decoder
 steps are the plain search's (`row_candidates`, `DecoderState.reorder`). Lines without
 constraints never come here (`nmt.inference.model_decoder`), so they search exactly as without this.
@@ -187,15 +188,6 @@ def deal(banks: Tensor, k: int) -> tuple[Tensor, Tensor]:
     deal_key = torch.where(by_bank.values <= 0, turn * width + torch.arange(width, device=banks.device), width * width)
     dealt = deal_key.topk(k, dim=1, largest=False)
     return by_bank.indices.gather(1, dealt.indices), dealt.values < width * width
-
-
-def stripe(candidates: list[tuple[float, int, int, ConstraintState]], k: int) -> list[tuple[float, int, int, ConstraintState]]:
-    """`deal` over one sentence's (log-probability, row, token, state) candidates."""
-    if not candidates:
-        return []
-    ranked = sorted(candidates, key=lambda c: -c[0])
-    positions, real = deal(torch.tensor([[c[3].bank for c in ranked]]), min(k, len(ranked)))
-    return [ranked[p] for p in positions[real].tolist()]
 
 
 @torch.inference_mode()

@@ -133,6 +133,7 @@ class CTranslate2Decoder:
     """The decoding strategy whose search runs in CTranslate2, on an exported model."""
 
     constrains = False
+    path = "ctranslate2"
     """Whether it searches with constraints."""
 
     def __init__(self, model_dir: Path, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer, cfg: TranslateConfig):

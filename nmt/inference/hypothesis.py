@@ -20,7 +20,8 @@ class Hypothesis:
     """log P(Y|X), eos included (after a prefix: of the tokens that follow it)."""
     attention: Optional[list[list[float]]] = None
     """When asked for: the encoder-decoder attention of each target token, eos included (rows),
-    over the source tokens without eos (columns); see `nmt.inference.alignment`."""
+    over the source tokens without eos (columns): `nmt.inference.source_attention` computes it,
+    `nmt.inference.word_alignment` merges it into words."""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from nmt.inference.config import SearchConfig, resolve_inter_threads
 from nmt.inference.hypothesis import NO_REQUEST, Hypothesis, TargetRequest
 from nmt.inference.sampling_config import SamplingConfig
 from nmt.model.transformer import Transformer
+from nmt.ops import decoder_path
 
 
 class ModelDecoder:
@@ -26,8 +27,8 @@ class ModelDecoder:
     `threads / inter_threads` threads for its operations (CTranslate2's inter_threads x
     intra_threads). A decoder step is a few dozen small operations per layer; sharing each of
     them between two threads costs a synchronisation per operation, while two batches on one
-    thread each keep both cores busy (`small` on a 2-core Zen 4: 162-173 sentences/s against
-    120-136). The operations release the GIL, so the workers run in parallel.
+    thread each keep both cores busy (the split CTranslate2 is fastest with too; docs/performance.md).
+    The operations release the GIL, so the workers run in parallel.
     """
 
     constrains = True
@@ -39,6 +40,8 @@ class ModelDecoder:
         self.device = next(self.models[0].parameters()).device
         self.max_positions = min(m.cfg.max_positions for m in self.models)
         self.decoder_layers = min(m.cfg.decoder_layers for m in self.models)
+        self.path = decoder_path(self.models[0])
+        """The decoder step `nmt.ops.optimize_for` chose: "native" or "stock"."""
         self.sampling = sampling if sampling is not None and sampling.sampling else None
         """With --sampling: one draw per line (nmt.inference.sampling) instead of the beam search."""
         self.generator = torch.Generator(self.device).manual_seed(sampling.seed) if self.sampling else None
@@ -101,9 +104,9 @@ class ModelDecoder:
         """Indices of non-empty lines, longest first, in batches of at most max_tokens padded
         source tokens; with `inter_threads` workers, as many batches as a multiple of the workers.
 
-        Cut at max_tokens alone, the last batch is whatever is left (on 1000 test_2016_flickr
-        lines at 4096 tokens: four of 3,000-3,800 tokens and one of 1,191) and runs alone while
-        the other worker waits: 5% of the wall time idle on a 2-core Zen 4. So the batch budget
+        Cut at max_tokens alone, the last batch is whatever is left, often a small one, and runs
+        alone while the other worker waits
+        (bench/results/2026-12-04_63daffd_zen4_balanced-decoder-batches.json). So the batch budget
         is lowered to the smallest that still cuts the lines into the next multiple of the
         workers, which makes the batches about equal. Outputs do not depend on the batches."""
         order = sorted((i for i, seq in enumerate(ids) if seq), key=lambda i: -len(ids[i]))

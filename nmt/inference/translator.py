@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Protocol, Sequen
 
 from nmt.data.tokenizer import UNK_SURFACE, Tokenizer, load_tokenizer
 from nmt.errors import NmtError
-from nmt.inference.checkpoints import default_checkpoint, resolve_checkpoint
+from nmt.run.checkpoint_choice import default_checkpoint, resolve_checkpoint
 from nmt.inference.config import AlignmentConfig, SearchConfig, TranslateConfig
 from nmt.inference.hypothesis import Hypothesis, TargetRequest
 from nmt.inference.sampling_config import SamplingConfig
@@ -64,6 +64,8 @@ class Decoder(Protocol):
     """Whether it searches with constraints."""
     max_tokens: int
     """Source tokens per batch it searches (--max-tokens, or what 0 means for it)."""
+    path: str
+    """What searches: "native" or "stock" (nmt's decoder step, `nmt.ops.optimize_for`), or "ctranslate2"."""
 
     def decode(self, ids: list[list[int]], search: SearchConfig, requests: Optional[Sequence[TargetRequest]] = None,
                alignment_layer: Optional[int] = None) -> list[list[Hypothesis]]:
@@ -75,6 +77,10 @@ class Decoder(Protocol):
 
 
 # -- the translator ---------------------------------------------------------------------
+
+DECODER_PATHS = {"native": "nmt's C++ kernels (fp32 CPU)", "stock": "PyTorch's ops", "ctranslate2": "CTranslate2"}
+"""Each decoding path, as `nmt translate`, `/info` and `nmt.load` name it."""
+
 
 class Translator:
     """The tokenizers and decoding strategy of one run directory, translating lists of raw lines."""
@@ -120,6 +126,8 @@ class Translator:
         self.no_hypothesis = 0
         """Lines whose search found no hypothesis of finite score (a damaged model or an
         overflow), translated as an empty line so far."""
+        self.decoder_path = decoder.path
+        """The decoding path that runs (DECODER_PATHS)."""
         self.unmet_constraints = 0
         """Lines whose translation misses one of its constraint phrases (it reached the length
         limit first) so far."""
@@ -280,8 +288,8 @@ def _one_line(text: str) -> str:
 def freeze_loaded_objects() -> None:
     """Take everything loaded so far (models, tokenizers) out of the cyclic garbage collector's
     scans, for a process that translates until it exits (`nmt translate`, and the benches that
-    time it): those objects live as long as it does, and re-scanning them took 2-4% of a native
-    CPU decoder run (`mini`, one thread). A library user's process keeps its collector as is."""
+    time it): those objects live as long as it does, and re-scanning them took a few percent of
+    a CPU decoder run. A library user's process keeps its collector as is."""
     gc.collect()
     gc.freeze()
 
@@ -330,7 +338,7 @@ def load_translator(
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.amp, device)
     paths = [resolve_checkpoint(run, c) for c in checkpoints] or [default_checkpoint(run)]
-    models = [load_model(path, device, dtype, expected=run_identity(run)) for path in paths]
+    models = [load_model(path, device, dtype, expected=run_identity(run), decoder=cfg.decoder) for path in paths]
     return Translator(models, src_tok, tgt_tok, search, cfg, moses_langs=moses, checkpoints=paths, sampling=sampling,
                       alignment=alignment)
 

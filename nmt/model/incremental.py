@@ -23,14 +23,14 @@ class SelfAttentionCache:
 
     Appending writes one step in place; the capacity grows by half when full, so a step never
     copies the whole cache just to grow it (as concatenation would), and the last growth
-    overshoots the steps still to come by less than doubling did (measured on Multi30k: the
-    peak RSS of `nmt translate` fell by 20 MiB).
+    overshoots the steps still to come by less than doubling did (a lower peak RSS of
+    `nmt translate` on Multi30k).
 
     `reorder` gathers the surviving rows into a spare buffer of the same shape, which then
     becomes the cache, and hands the old buffer back as the next spare: one read and one
     write of the cache per step. (Gathering into a temporary and copying it back in place
-    costs a second pass and a fresh temporary of the whole cache every step; on a 2-core
-    Zen 4 at 1,200 rows and 30 steps that was 36 ms per buffer against 8.) The decoder state
+    costs a second pass and a fresh temporary of the whole cache every step, several times
+    the time of the gather alone.) The decoder state
     passes one spare along all its layers, so the search holds one buffer more than the cache.
     """
 

@@ -73,7 +73,7 @@ class MultiHeadAttention(nn.Module):
 
     def attention_weights(self, x: Tensor, kv: tuple[Tensor, Tensor], attn_mask: Optional[Tensor] = None) -> Tensor:
         """softmax(QK^T / sqrt(d_k)) of encoder-decoder attention, (B, h, T, S): what each
-        query position attends to in the source, for word alignments (`nmt.inference.alignment`).
+        query position attends to in the source, for word alignments (`nmt.inference.word_alignment`).
         `attention` never materialises these weights (the fused kernel does not return them)."""
         q = self._heads(self.q_proj(x))
         scores = q @ kv[0].transpose(-2, -1) / math.sqrt(self.d_head)
@@ -311,22 +311,9 @@ class Transformer(nn.Module):
     def project_fp32(self, hidden: Tensor) -> Tensor:
         """Logits in float32 from reduced-precision weights: rounding the logits to bf16 (8
         bits of mantissa) would tie or swap the candidates a beam search ranks."""
-        source, bias = self.output_weight, self.output_bias
-        if source.dtype == torch.float32 and hidden.dtype == torch.float32:
-            return F.linear(hidden, source, bias)
-        key = (source.data_ptr(), source._version)  # a training step changes _version
-        cached = getattr(self, "_output_weight_fp32", None)
-        if cached is None or cached[0] != key:
-            cached = self._output_weight_fp32 = (key, source.detach().float())
+        bias = self.output_bias
         with torch.autocast(hidden.device.type, enabled=False):
-            return F.linear(hidden.float(), cached[1], None if bias is None else bias.detach().float())
-
-    @property
-    def fused_vocabulary_top(self) -> Optional[Callable[[Tensor, Tensor, Tensor, Tensor], None]]:
-        """A device's one-pass log_softmax and ranking of a block of logits for a search of this
-        model alone, f(logits, values, tokens, eos) (`nmt.ops.vocabulary_top`), or None: the
-        search's PyTorch operations (`nmt.inference.beam_search.row_candidates`)."""
-        return None
+            return F.linear(hidden.float(), self.output_weight.float(), None if bias is None else bias.float())
 
     def forward(self, src_tokens: Tensor, prev_tokens: Tensor, return_hidden: bool = False) -> Tensor:
         """Logits (B, T, tgt_vocab) of every next target token; with `return_hidden`, the

@@ -6,12 +6,12 @@ Each sublayer of the paper's layers ends in a linear layer, and its output is
 
 For the rows of a decoder step PyTorch does that in three passes over the output, each an
 operation of its own: the bias copied into the product's output before the product (that is how
-`F.linear` adds it on a CPU: 10% of the product's time at these sizes), the residual sum, the
+`F.linear` adds it on a CPU: a tenth of the product's time at these sizes), the residual sum, the
 layer norm. `add_and_norm` does the three after a product without bias, in one pass; `bias_relu`
 does the same for the feed-forward's first layer and its ReLU (3.3). The mean and the biased
 variance over the row are `torch.nn.LayerNorm`'s; their float rounding may differ in the last
 bits. tests/test_add_and_norm.py checks both against the PyTorch operations. Built by
-`nmt.ops.native`; used by the fp32 CPU decoder step (`nmt.ops.cpu_decoder_step`) with its C++
+`nmt.ops.native`; used by the fp32 CPU decoder step (`nmt.ops.native_decoder_step`) with its C++
 attention.
 """
 

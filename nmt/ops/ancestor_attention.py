@@ -14,12 +14,11 @@ floats) and the attention reads the keys through it:
 one query per row and head, computed in one pass over the row's keys and values by a C++
 loop (nmt/ops/csrc/ancestor_attention.cpp; a second loop does the same for the encoder-decoder
 attention of the step, each row against its sentence's source keys: `source_attention`), built
-by `nmt.ops.native`. Where it cannot be built, fp32 inference keeps the packed PyTorch step
-(`nmt.ops.cpu_decoder_step`).
+by `nmt.ops.native`, and used by the native decoder step (`nmt.ops.native_decoder_step`); where
+it cannot be built, fp32 inference takes the stock step.
 
-bench/results/2026-12-06_0f4956f_sapphire-rapids_ancestor-attention-prototype.json: 3-5x
-faster than the reorder and attention it replaces (1 thread, 4 heads, 300-1000 rows, 4-30
-steps). tests/test_ancestor_attention.py checks the loop against
+bench/results/2026-12-06_0f4956f_sapphire-rapids_ancestor-attention-prototype.json: several
+times faster than the reorder and attention it replaces. tests/test_ancestor_attention.py checks the loop against
 `F.scaled_dot_product_attention` over the gathered keys, and the decoder step against the
 stock one.
 """
@@ -73,7 +72,7 @@ class AncestorDecoderState(DecoderState):
     its encoder-decoder keys are held transposed (`transposed_source_keys`), and sentences that
     leave the search stay in the keys, values and mask until fewer than half of those held are
     live (then one gather), rather than a gather of all of them whenever one leaves: the search
-    drops sentences at most steps, and those gathers were 3% of a `mini` decode. `sentences`
+    drops sentences at most steps, and those gathers showed in a decoder's profile. `sentences`
     (int64) maps each live sentence to its entry."""
 
     sentences: Tensor

@@ -8,7 +8,6 @@ tests/test_model.py and tests/test_gemm_rows.py check each against the stock op.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from functools import partial
 from typing import Callable, Iterator, NamedTuple, Optional
 
 import torch
@@ -19,11 +18,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from nmt.model.incremental import Cache, DecoderState
 from nmt.model.transformer import EncoderOut, MultiHeadAttention, Transformer
 from nmt.ops.ancestor_attention import AncestorDecoderState, AncestorSelfAttentionCache
-from nmt.ops.cpu_decoder_step import PackedSelfAttentionCache, packed_decode_step_hidden
-from nmt.ops.native import native_module, ready as native_ready
+from nmt.ops.native_decoder_step import native_decode_step_hidden
 from nmt.ops.onednn_linear import onednn_linear, takes_onednn
 from nmt.ops.product_attention import attention_by_products
-from nmt.ops.vocabulary_top import vocabulary_top
 
 
 def cpu_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0,
@@ -31,14 +28,15 @@ def cpu_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] =
     """`F.scaled_dot_product_attention` on CPU, attended in fp32 for bf16/fp16 inputs, and
     without a mask that allows every position.
 
-    PyTorch's CPU flash-attention backward in bf16 runs 3-5x slower than in fp32 (measured on
-    AMX and AVX512-BF16 Xeons, torch 2.13), and it dominated a bf16 training step, so bf16 or
-    fp16 inputs are attended in fp32 and the result cast back; the projections around it stay
-    in bf16. For the backward, q, k and v are kept as they came, in bf16, and cast again there
-    (exactly, so the gradients are unchanged): their fp32 copies, which it would otherwise
-    keep, were 98 of the 365 MiB a `small` bf16 step at 4096 tokens kept for its backward.
+    PyTorch's CPU flash-attention backward in bf16 runs several times slower than in fp32, and
+    it dominated a bf16 training step (bench/results/2026-11-30_ad3985d_zen4_bf16-profile.json),
+    so bf16 or fp16 inputs are attended in fp32 and the result cast back; the projections
+    around it stay in bf16. For the backward, q, k and v are kept as they came, in bf16, and
+    cast again there (exactly, so the gradients are unchanged): their fp32 copies, which it
+    would otherwise keep, were a quarter of what a bf16 step kept for its backward
+    (bench/results/2026-11-30_79fe883_sapphire-rapids_activations-kept-once.json).
     """
-    # Any of the three decides: under torch.compile the query can arrive in fp32 beside bf16 k, v.
+    # Any of the three decides (a query may arrive in fp32 beside bf16 k, v).
     low = next((t.dtype for t in (q, k, v) if t.dtype in (torch.bfloat16, torch.float16)), None)
     if low is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
@@ -84,11 +82,11 @@ GPU_ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTEN
 """The attention kernels PyTorch may choose from on a GPU: cuDNN's is left out.
 PyTorch prefers it on Hopper, but it plans every new shape on the host, and training batches
 (each its own sentence count and length) and beam search (a new key length every step) keep
-bringing new shapes: profiling `big` at 25k tokens on an H200 (torch 2.11) showed 9 ms of CPU
-per cuDNN attention call against 0.2-0.3 ms of GPU work, so the GPU waited for the host. Flash
-attention (no mask) and the memory-efficient kernel (padding masks) have no per-shape cost:
-training `big` went from 126 to 80 ms per update (100k -> 159k target tok/s) and `nmt
-translate` of a `base` model from 14-16 to 80-84 sentences/s."""
+bringing new shapes: in a profile of `big`'s training a cuDNN attention call took far more host
+time than GPU time, so the GPU waited for the host. Flash attention (no mask) and the
+memory-efficient kernel (padding masks) have no per-shape cost, and training and translation
+ran much faster without cuDNN's (bench/results/2026-11-30_b968069_h200_gpu-attention-ab.json,
+bench/results/2026-11-30_b968069_h200_gpu-translate.json)."""
 
 
 def gpu_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0,
@@ -104,7 +102,7 @@ class CpuMultiHeadAttention(MultiHeadAttention):
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0,
                   is_causal: bool = False) -> Tensor:
-        if not (self.self_attention or q.dtype != torch.float32 or torch.is_grad_enabled() or torch.compiler.is_compiling()):
+        if not (self.self_attention or q.dtype != torch.float32 or torch.is_grad_enabled()):
             return attention_by_products(q, k, v, attn_mask)
         return cpu_attention(q, k, v, attn_mask, dropout_p, is_causal)
 
@@ -117,46 +115,60 @@ class GpuMultiHeadAttention(MultiHeadAttention):
         return gpu_attention(q, k, v, attn_mask, dropout_p, is_causal)
 
 
-class CpuTransformer(Transformer):
+class Fp32Projection(Transformer):
+    """A Transformer (same parameters) whose fp32 logits from reduced-precision weights reuse
+    one fp32 copy of the output weights: a beam search projects every step, and converting the
+    (vocabulary, d_model) matrix each time would cost as much as the product."""
+
+    def project_fp32(self, hidden: Tensor) -> Tensor:
+        source, bias = self.output_weight, self.output_bias
+        if source.dtype == torch.float32 and hidden.dtype == torch.float32:
+            return F.linear(hidden, source, bias)
+        key = (source.data_ptr(), source._version)  # a training step changes _version
+        cached = getattr(self, "_output_weight_fp32", None)
+        if cached is None or cached[0] != key:
+            cached = self._output_weight_fp32 = (key, source.detach().float())
+        with torch.autocast(hidden.device.type, enabled=False):
+            return F.linear(hidden.float(), cached[1], None if bias is None else bias.detach().float())
+
+
+class GpuTransformer(Fp32Projection):
+    """The Transformer as `nmt.ops.optimize_for` gives it a GPU: only the cached fp32 projection."""
+
+
+class CpuTransformer(Fp32Projection):
     """A Transformer (same parameters) whose source mask is None for a batch without padding:
     PyTorch's CPU attention runs faster without a mask than with one that allows everything.
-    (On a GPU, asking whether there is padding would make the host wait for the device, and
-    graphs under torch.compile keep one shape of call, so both always pass the mask.) In fp32
+    (On a GPU, asking whether there is padding would make the host wait for the device, so it
+    always passes the mask.) In fp32
     inference on AMD CPUs its vocabulary projection runs oneDNN's matmul (`nmt.ops.onednn_linear`),
-    and fp32 inference decodes step by step with `nmt.ops.cpu_decoder_step` (same maths, fewer operations);
-    a search of it alone ranks each block of logits with `nmt.ops.vocabulary_top`."""
+    and where `decoder_path` is "native" it decodes step by step on nmt's C++ kernels
+    (`nmt.ops.native_decoder_step`)."""
 
     onednn_projection: bool = False
     """Whether fp32 inference projects to the vocabulary through `nmt.ops.onednn_linear` (set by `optimize_for`)."""
+    decoder_path: str = "stock"
+    """"native" (nmt's C++ kernels) or "stock" (the model's own step): set by `optimize_for`."""
 
     def source_mask(self, src_tokens: Tensor) -> Optional[Tensor]:
-        if torch.compiler.is_compiling() or bool(src_tokens.eq(self.cfg.pad_id).any()):
+        if bool(src_tokens.eq(self.cfg.pad_id).any()):
             return super().source_mask(src_tokens)
         return None
 
     def init_decoder_state(self, enc: EncoderOut, beam: int = 1,
                            cache: Optional[Callable[[], Cache]] = None) -> DecoderState:
-        """Without a `cache` given, fp32 inference (no autograd, autocast or compiler) decodes
-        with the packed step, over caches read through ancestor tables by the C++ loop where it
-        is built (`nmt.ops.ancestor_attention`, in an `AncestorDecoderState`), else over its
-        packed caches; anything else with the stock ones."""
-        if cache is None and (self.output_weight.dtype == torch.float32 and enc.states.dtype == torch.float32
-                              and not self.training and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
-                              and not torch.compiler.is_compiling()):
-            cache = AncestorSelfAttentionCache if native_module() is not None else PackedSelfAttentionCache
-        state = super().init_decoder_state(enc, beam, cache)
-        return AncestorDecoderState.adopt(state) if cache is AncestorSelfAttentionCache else state
+        """On the native path, without a `cache` given, in fp32 without autograd or autocast: a
+        state whose caches the C++ loop reads through ancestor tables; else the stock one."""
+        if cache is None and self.decoder_path == "native" and (
+                enc.states.dtype == torch.float32 and not self.training and not torch.is_grad_enabled()
+                and not torch.is_autocast_enabled("cpu")):
+            return AncestorDecoderState.adopt(super().init_decoder_state(enc, beam, AncestorSelfAttentionCache))
+        return super().init_decoder_state(enc, beam, cache)
 
     def decode_step_hidden(self, tokens: Tensor, state: DecoderState) -> Tensor:
-        if state.caches and isinstance(state.caches[0], (PackedSelfAttentionCache, AncestorSelfAttentionCache)):
-            return packed_decode_step_hidden(self, tokens, state)
+        if isinstance(state, AncestorDecoderState):
+            return native_decode_step_hidden(self, tokens, state)
         return super().decode_step_hidden(tokens, state)
-
-    @property
-    def fused_vocabulary_top(self) -> Optional[Callable[[Tensor, Tensor, Tensor, Tensor], None]]:
-        """`nmt.ops.vocabulary_top`'s C++ loop, where this process has it built (fp32 inference
-        builds it as the model loads: `nmt.ops.optimize_for`)."""
-        return partial(vocabulary_top, ids=self.cfg.special_ids) if native_ready() is not None else None
 
     def project_fp32(self, hidden: Tensor) -> Tensor:
         if self.onednn_projection and takes_onednn(hidden, self.output_weight):

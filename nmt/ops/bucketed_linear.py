@@ -2,19 +2,18 @@
 
 oneDNN builds (JIT-compiles) a kernel for every new matrix shape it multiplies in bf16, and
 every training batch brings new shapes: its sentences x padded length differs from the last
-batch's. `ONEDNN_VERBOSE=profile_create` over `small`'s bf16 training at 4096 tokens (two
-Sapphire Rapids cores, torch 2.13) counted 33 kernels built per update at 4.4 ms each: 147 ms
-of a 650 ms update, spent before any arithmetic. A larger kernel cache does not help, since
-those shapes never come back, and it costs memory (primitive cache of 64: peak RSS 1.1 -> 1.5 GB).
+batch's. `ONEDNN_VERBOSE=profile_create` over `small`'s bf16 training showed dozens of kernels
+built per update, a large share of the update spent before any arithmetic
+(bench/results/2026-11-30_8af72b9_sapphire-rapids_bf16-one-set-of-shapes.json). A larger kernel
+cache does not help, since those shapes never come back, and it costs memory.
 
 `BucketedLinear` therefore multiplies a training batch's rows padded up to a multiple of
 `row_multiple` (zeros, sliced off the result, and zeros in the gradient, so they change no
 product: output and gradients are autocast's, bit for bit, the bias gradient included). The
 trainer sets it to --max-tokens, which bounds a batch's rows, and the loss pads its short
 chunks too: every update then multiplies the same 18 shapes, built in the first update and
-found in oneDNN's cache afterwards (kernels built over 30 updates: 990 -> 18, 45 ms in all).
-The padding costs arithmetic: 9% more rows in the layers' products on Multi30k at 4096
-tokens. Only the bf16 autocast path on CPU pads; fp32 (MKL, no per-shape kernels), GPUs and
+found in oneDNN's cache afterwards. The padding costs arithmetic (more rows in the layers'
+products). Only the bf16 autocast path on CPU pads; fp32 (MKL, no per-shape kernels), GPUs and
 inference (no gradient) run `nn.Linear` unchanged.
 """
 
@@ -37,7 +36,7 @@ def padded_length(lengths: Any, multiple: int) -> Any:
 class BucketedLinear(nn.Linear):
     """`nn.Linear` (same parameters, same checkpoints) with bucketed rows under CPU bf16 training.
 
-    `row_multiple` is 0 (off) until the training engine sets it (`Transformer.bucket_gemm_rows`).
+    `row_multiple` is 0 (off) until the training engine sets it (`nmt.ops.optimize_for`'s `row_multiple`).
     """
 
     row_multiple: int = 0
@@ -70,8 +69,8 @@ class _PaddedRowsLinear(torch.autograd.Function):
     Gradients are those of autocast's linear (products in bf16, weight gradient returned in
     fp32), given an output gradient that is zero in the padded rows. The bias gradient is
     summed as autocast sums it, in bf16 (fp32 accumulation, rounded once), to the precision
-    of the weight gradient's bf16 product: an fp32 result from bf16 rows took 2.2 ms per
-    (4096, 1024) gradient against 0.44, about 30 ms of a 500 ms `small` update.
+    of the weight gradient's bf16 product: an fp32 result from bf16 rows took several times as
+    long (bench/results/2026-11-30_79fe883_sapphire-rapids_activations-kept-once.json).
     """
 
     @staticmethod

@@ -3,18 +3,15 @@
 A training step on CPU allocates and frees the same large activations (megabytes each) over
 and over. glibc serves blocks above its mmap threshold (dynamic, at most 32 MiB) with fresh
 `mmap`s, and trims the heap's free top above its trim threshold, so every step maps new pages
-and pays a page fault per 4 KiB on first touch: in `small`'s step at 4096 tokens a ReLU's
-backward took 27 ms instead of 1.6 ms. Raising both thresholds keeps the freed blocks in the
-heap for reuse. Measured with bench/bench_train.py on a 2-core Sapphire Rapids (torch 2.13):
-fp32 +3% to +17% target tokens/s, bf16 +5%, with the same peak RSS (within 2%).
+and pays a page fault per 4 KiB on first touch, which made some backward operations many
+times slower. Raising both thresholds keeps the freed blocks in the heap for reuse: faster
+training, the same peak RSS (bench/bench_train.py,
+bench/results/2026-11-30_4dbe3b0_sapphire-rapids_glibc-malloc-thresholds.json).
 
 `nmt translate` with nmt's own engine on a CPU does the same: a beam search step allocates its
 layers' outputs, attention scores and logit blocks and frees them, and the next step allocates
-them again. On a 2-core Zen 4 (2 threads, beam 4, 1000 test_2016_flickr lines, torch 2.14.1) the
-whole command page-faulted 429-511k times untuned against 234-344k (89-101k of either is
-`import torch`, the model load and one line), its system time fell from 1.1 to 0.8 s, and its wall time
-from 6.08 / 5.48 to 5.25 / 5.24 s (`mini`) and 7.77 / 7.78 to 7.51 / 7.26 s (`small`), for 1-13%
-more peak RSS (`small` 1,164-1,218 -> 1,279-1,319 MiB); the outputs were identical. `nmt serve`
+them again: fewer page faults and a faster command, for a little more peak RSS, with identical
+outputs (bench/results/2026-12-04_72c8b52_zen4_translate-malloc.json). `nmt serve`
 is left untuned (a server that kept its peak for good was not measured). `--engine ctranslate2`
 imports no torch and keeps glibc's defaults too: its peak RSS is what it promises.
 

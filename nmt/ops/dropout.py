@@ -19,12 +19,11 @@ from torch import Tensor, nn
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     """F.dropout(x, p, training), with the mask of a CPU tensor drawn 16 bits per element.
 
-    On CPU, F.dropout draws its mask with `bernoulli_`, one double per element: 4.9 ms per
-    (4096, 256) activation in a `small` training step on two cores, 8% of the step over its 17
-    dropouts. `keep_mask` draws 16 random bits per element instead (see there). The mask
+    On CPU, F.dropout draws its mask with `bernoulli_`, one double per element, a noticeable
+    share of a training step over its many dropouts (bench/results/2026-11-30_4d5c99e_sapphire-rapids_cpu-dropout-and-loss-ab.json). `keep_mask` draws 16 random bits per element instead (see there). The mask
     keeps each element with probability 1 - p (to within 2^-16) and scales it by 1 / (1 - p),
     as F.dropout does; only the random numbers differ, and torch's seed still decides them.
-    GPUs, and graphs under torch.compile, keep F.dropout.
+    GPUs keep F.dropout.
     """
     if not training or p == 0.0:
         return x
@@ -35,8 +34,8 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
 
 def _cpu_mask_applies(x: Tensor, p: float) -> bool:
     """Whether dropout of x at rate p (training) draws its mask with `keep_mask`: on CPU, for
-    p < 1, outside torch.compile graphs (which keep F.dropout)."""
-    return x.device.type == "cpu" and p < 1.0 and not torch.compiler.is_compiling()
+    p < 1."""
+    return x.device.type == "cpu" and p < 1.0
 
 
 _SEED_RANGE = 2**62
@@ -48,9 +47,8 @@ def keep_mask(shape: torch.Size, p: float) -> Tensor:
     The bits come from numpy's PCG64 (`random_raw`: 64 bits a draw, read as four int16
     uniform on [-2^15, 2^15)), seeded by a draw from torch's default generator, so that
     `torch.manual_seed` and a checkpoint's saved torch RNG state decide every mask, as they
-    decided torch's own draws before. Per (4082, 256) mask on two Sapphire Rapids cores:
-    1.53 ms with torch's `random_` on int32 and two comparisons, 0.65 ms here (0.53 for the
-    bits, 0.12 for numpy's vectorised comparison).
+    decided torch's own draws before. It took under half the time of torch's `random_` on
+    int32 and two comparisons.
     """
     n = math.prod(shape)
     seed = int(torch.randint(0, _SEED_RANGE, (), dtype=torch.int64))
@@ -64,8 +62,7 @@ def relu_dropout(x: Tensor, p: float, training: bool) -> Tensor:
 
     ReLU's backward needs where x > 0, and dropout's which elements it kept. On CPU one byte
     mask (kept and positive) serves both, so the (tokens x d_ff) ReLU output is not kept for
-    the backward and one pass over it is saved there: `small` at 4096 tokens kept 12 MiB less
-    per fp32 layer. Elements where x == 0 get no gradient, as with F.relu. The numbers are
+    the backward and one pass over it is saved there (bench/results/2026-11-30_79fe883_sapphire-rapids_activations-kept-once.json). Elements where x == 0 get no gradient, as with F.relu. The numbers are
     those of `dropout(F.relu(x), p, training)` with the same random state.
     """
     if not training or p == 0.0 or not _cpu_mask_applies(x, p):
@@ -79,8 +76,7 @@ class _MaskedScale(torch.autograd.Function):
     """x * keep * scale whose backward keeps only the bool mask (1 byte per element).
 
     The mask is multiplied in as uint8 (the same bytes): PyTorch's CPU kernels multiply a
-    float tensor by a bool one through a converted copy of the mask, by a uint8 one without:
-    0.84 -> 0.58 ms per (4082, 256) fp32 activation, forward or backward."""
+    float tensor by a bool one through a converted copy of the mask, by a uint8 one without."""
 
     @staticmethod
     def forward(ctx, x: Tensor, keep: Tensor, scale: float) -> Tensor:

@@ -60,12 +60,6 @@ def native_module() -> Optional[Any]:
         return _built["module"]
 
 
-def ready() -> Optional[Any]:
-    """The kernels if this process has built or loaded them already, else None: for code that
-    may use them but must not start a build (a training run's validation search)."""
-    return None if _disabled() else _built.get("module")
-
-
 def _disabled() -> bool:
     return os.environ.get(DISABLE_ENV, "1") == "0"
 

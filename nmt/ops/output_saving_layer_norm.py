@@ -3,12 +3,11 @@
 In a post-LN block, y = LayerNorm(x + Dropout(Sublayer(x))), the sum is kept only for the
 norm's backward, while y is kept anyway as the next product's input. The backward needs the
 normalised rows x_hat = (y - beta) / gamma and the per-row 1 / std, so keeping those instead
-frees one (tokens x d_model) fp32 tensor per norm: 15 of them, 53 of the 373 MiB that `small`
-at 4096 tokens keeps for its backward (Apex's and Megatron's "memory-efficient" layer norm
+frees one (tokens x d_model) fp32 tensor per norm, 15 in `small` (bench/results/2026-11-30_79fe883_sapphire-rapids_activations-kept-once.json; Apex's and Megatron's "memory-efficient" layer norm
 do the same on GPUs). The division by gamma is exact enough while |gamma| is not tiny; a norm
 with any |gamma| below `MIN_ABS_GAMMA` keeps its input as usual.
 
-Only fp32 CPU training outside torch.compile uses it: under bf16 autocast the next product keeps a bf16 copy of y,
+Only fp32 CPU training uses it: under bf16 autocast the next product keeps a bf16 copy of y,
 not y itself, so keeping y would save nothing, and GPUs train in bf16.
 """
 
@@ -27,7 +26,7 @@ class OutputSavingLayerNorm(nn.LayerNorm):
 
     def forward(self, x: Tensor) -> Tensor:
         if (x.device.type == "cpu" and x.dtype == torch.float32 and torch.is_grad_enabled()
-                and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling() and self.weight is not None and self.bias is not None
+                and not torch.is_autocast_enabled("cpu") and self.weight is not None and self.bias is not None
                 and len(self.normalized_shape) == 1 and bool(self.weight.detach().abs().min() >= MIN_ABS_GAMMA)):
             return _LayerNormSavingOutput.apply(x, self.weight, self.bias, self.eps)
         return super().forward(x)

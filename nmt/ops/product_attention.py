@@ -17,13 +17,9 @@ def attention_by_products(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[T
 
     For the encoder-decoder attention of a beam search step (a sentence's `beam` queries
     against its S source keys, no gradient), PyTorch's CPU flash-attention kernel cost more than
-    these two products: on a Zen 4 (one thread, torch 2.13), 150 sentences, beam 4, S 10 / 20 /
-    40, the products ran 1.19 / 1.42 / 1.62x as fast at d_model 128 and 1.10 / 1.39 / 1.06x at
-    256 (`make bench-decoder-ops`, bench/results/2026-12-03_0970d33_zen4_bench-decoder-ops.json).
-    The decoder's self-attention, one query per row against the cache, takes them only over
-    enough cached steps (`nmt.ops.cpu_decoder_step`). k and v may be views with strides: a
-    (rows, h, steps, d_head) view of a cache whose rows and heads fold into one batch
-    dimension is multiplied in place, without a copy."""
+    these two products on an AMD CPU (`make bench-decoder-ops`,
+    bench/results/2026-12-03_0970d33_zen4_bench-decoder-ops.json).
+    k and v may be views with strides: they are multiplied in place, without a copy."""
     scores = torch.matmul(q, k.transpose(-2, -1)).mul_(q.size(-1) ** -0.5)
     if attn_mask is not None:
         scores.masked_fill_(~attn_mask, float("-inf"))

@@ -35,7 +35,7 @@ def _rows_per_chunk(vocab: int, elements: int) -> int:
 def _minus_smoothed_target(p: Tensor, t: Tensor, epsilon: float, dtype: torch.dtype) -> Tensor:
     """p - q' in `dtype`, the loss's gradient over one chunk's logits, from its fp32 softmax
     `p` (overwritten). The subtraction runs in place in fp32 and the cast after it: one
-    mixed-dtype pass (`torch.sub(..., out=bf16)`) was 2.5x slower on CPU than the two."""
+    mixed-dtype pass (`torch.sub(..., out=bf16)`) was slower on CPU than the two."""
     p.scatter_add_(-1, t, torch.full(t.shape, epsilon - 1.0, dtype=p.dtype, device=p.device))
     if epsilon:
         p.sub_(epsilon / p.size(-1))
@@ -49,8 +49,7 @@ def _exp_and_losses(logits: Tensor, t: Tensor, epsilon: float) -> tuple[Tensor, 
     With s = sum_k exp(z_k - m): lse = m + log s, -log p_gold = lse - z_gold and
     sum_k -log p_k = V * lse - sum_k z_k, so the losses need the row sums of z and one
     exponential per logit, which divided by s is also the softmax the gradient needs
-    (log_softmax and then exp took two). On two CPU cores, the chunks of one 3450 x 8000
-    update with bf16 logits: 104 -> 90 ms.
+    (log_softmax and then exp took two; bench/results/2026-11-30_4d5c99e_sapphire-rapids_cpu-dropout-and-loss-ab.json).
     """
     z = logits.float()  # the logits themselves when fp32
     vocab = z.size(-1)
@@ -81,17 +80,16 @@ class ProjectedLogits(NamedTuple):
 
 
 PROJECTED_CHUNK_ELEMENTS = 1 << 22
-"""Logits per chunk of the projected loss. Measured in place (4096 x 256 x 8000, forward +
-backward, two Sapphire Rapids cores): fp32 and bf16 both fastest at about 4M logits, the
-vocabulary's weight-gradient product then summing over 512 rows a chunk."""
+"""Logits per chunk of the projected loss on a CPU: fp32 and bf16 were both fastest at about 4M
+logits, the vocabulary's weight-gradient product then summing over 512 rows a chunk (no result
+file was committed; `python bench/bench_loss_chunks.py` times it on your CPU)."""
 
 PROJECTED_CHUNK_ELEMENTS_CUDA = 1 << 27
 """The same on a GPU, where a chunk must be large enough to keep the matrix units busy (at 4M
 logits and 32k pieces a chunk is 131 rows: hundreds of small products, and the fp32 weight
-gradient read and written once per chunk). `bench/bench_loss_chunks.py` at 25000 x 1024 x
-32000 in bf16 on an H200 (torch 2.11), forward + backward, by logits per chunk: 2^22 57.0 ms,
-2^24 26.0, 2^26 18.1, 2^27 16.5, 2^28 15.8, 2^29 15.7; peak memory 2.9 GiB at 2^27 against
-4.9 at 2^28. 2^27 (4,194 rows here, 512 MiB of fp32 logits) is within 5% of the fastest."""
+gradient read and written once per chunk). `bench/bench_loss_chunks.py --device cuda` at the
+paper's `big` batch: 2^27 is close to the fastest at much less memory than larger chunks
+(bench/results/2026-11-30_b968069_h200_gpu-loss-chunks.json)."""
 
 
 def projected_chunk_rows(vocab: int, device: torch.device) -> int:

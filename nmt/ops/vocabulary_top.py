@@ -4,8 +4,8 @@ After the projection, the stock search (`nmt.inference.beam_search.row_candidate
 log P = log_softmax(logits) in place, masks pad and bos, takes the maxima of blocks of 64
 logits to rank only the best blocks, gathers them, ranks them, and copies eos's column out:
 five passes over the (rows, V) block, each a PyTorch operation of its own, and the block
-(8 MiB) larger than a core's cache. On `mini`, that was 0.74 s of a 4.55 s decode (#30's
-profile), where the projection itself took 1.1. The loop in nmt/ops/csrc/vocabulary_top.cpp
+(8 MiB) larger than a core's cache. In #30's profile of a `mini` decode that took more than
+half the time of the projection itself. The loop in nmt/ops/csrc/vocabulary_top.cpp
 reads each row twice while it is in the core's cache (block maxima, then the sum of exp for
 log_softmax's normalizer) and writes only what the search keeps:
 
@@ -14,7 +14,7 @@ log_softmax's normalizer) and writes only what the search keeps:
 for the row's w best tokens other than pad and bos (which are never generated, but count in
 the normalizer) and for eos. tests/test_vocabulary_top.py checks it against log_softmax +
 topk. Built by `nmt.ops.native`; used for a single fp32 model on a CPU
-(`nmt.ops.attention.CpuTransformer.fused_vocabulary_top`).
+(`nmt.ops.fused_vocabulary_top`, on the native decoding path).
 """
 
 from __future__ import annotations

@@ -15,10 +15,11 @@ from nmt.data.tokenizer import SPECIAL_TOKENS, VOCAB_TYPES
 
 SETTINGS_ADDED = {"subword_samples": 0}
 """Settings added after run directories already existed, with the value those were made with."""
+SETTINGS_REMOVED = {"subword_sides": "source"}
+"""Settings since removed, with the behaviour nmt kept: a record holding that value was made as nmt makes it now."""
 RECORD = "preprocess"
 """The run directory's record of a preprocessing result: config/preprocess.json."""
 ENCODING_ERRORS = ("strict", "replace")
-SUBWORD_SIDES = ("both", "source")
 NORMALIZATION = (
     "SentencePiece (bpe, unigram): NFKC, whitespace runs collapsed, ends stripped; "
     "WordPiece: NFKC, ends stripped; uncovered characters become <unk>, decoded as ' \u2047 ' by both; "
@@ -68,15 +69,14 @@ class PreprocessConfig:
     encoding_errors: str = setting("strict", "strict: invalid UTF-8 is an error naming file and line; "
                                    "replace: substitute U+FFFD and go on.")
     subword_samples: int = setting(0, "Subword regularization: also store this many sampled segmentations of the training "
-                                   "pairs (splits train.sample1..K); `nmt train` trains epoch e on sample ((e-1) mod K)+1. "
+                                   "pairs' source side (splits train.sample1..K; the target keeps its deterministic "
+                                   "segmentation, which the decoder learns to write: sampling it too lost on Multi30k); "
+                                   "`nmt train` trains epoch e on sample ((e-1) mod K)+1. "
                                    "bpe: BPE-dropout (Provilkov et al. 2020); unigram: sampling (Kudo 2018); not for "
                                    "wordpiece. Valid, test and translation keep the deterministic segmentation. 0: off.")
     subword_alpha: float = setting(0.1, "With --subword-samples: bpe: the probability of dropping each merge (Provilkov et "
                                    "al.: 0.1); unigram: the smoothing of the sampling distribution (SentencePiece: 0.1; "
                                    "all segmentations, nbest -1).")
-    subword_sides: str = setting("both", "With --subword-samples: which sides are sampled: both (Provilkov et al., Kudo) or "
-                                 "source (the target keeps its deterministic segmentation, which the decoder then "
-                                 "learns to write).")
     seed: int = setting(1, "Seed of the uniform sample of training pairs the vocabulary is learned from, and of "
                         "--subword-samples.")
     workers: int = setting(0, "Worker processes for tokenization (0: all cores); does not change the result, except "
@@ -137,8 +137,6 @@ class PreprocessConfig:
         if self.subword_samples and self.vocab_type == "wordpiece" and not self.vocab:
             raise NmtError("--subword-samples needs a SentencePiece vocabulary: WordPiece cuts words by greedy longest "
                            "match and has no segmentations to sample; use --vocab-type bpe (BPE-dropout) or unigram")
-        if self.subword_sides not in SUBWORD_SIDES:
-            raise NmtError(f"unknown --subword-sides {self.subword_sides!r}; choose one of {', '.join(SUBWORD_SIDES)}")
         if self.max_len < self.min_len:
             raise NmtError(f"--min-len {self.min_len} is more than --max-len {self.max_len}; no pair could be kept")
 
@@ -146,8 +144,8 @@ class PreprocessConfig:
         """The settings that determine the result (paths made absolute; `workers` left out)."""
         s = asdict(self)
         del s["workers"]
-        if not self.subword_samples:  # alpha and sides mean nothing then
-            del s["subword_alpha"], s["subword_sides"]
+        if not self.subword_samples:  # alpha means nothing then
+            del s["subword_alpha"]
         for key in ("trainpref", "validpref", "vocab"):
             if s[key]:
                 s[key] = str(Path(s[key]).absolute())

@@ -49,8 +49,6 @@ class Job:
     """Sampled segmentations to encode besides the deterministic one (train only; subword_sampling)."""
     alpha: float = 0.1
     seed: int = 1
-    sample_target: bool = True
-    """False: the samples' target side is the deterministic segmentation (--subword-sides source)."""
 
 
 # A chunk task: (job, 1-based number of its first line, source lines, target lines,

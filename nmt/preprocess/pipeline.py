@@ -19,9 +19,10 @@ In the order the data flows:
    a killed run is removed by the next run (and named). The whole command holds the run
    directory's lock (`nmt.run.lock`): one writer at a time.
 
-The modules, in that order: `preprocess_config` (settings), `chunk_pool` (worker processes),
-`vocab_sample` and `vocab_learning` (step 2), `bpe_cache` (step 3's encoder),
-`preprocess_staging` (step 4).
+The modules, in that order: `nmt.preprocess.config` (settings), `nmt.preprocess.parallel_chunks`
+(worker processes), `nmt.preprocess.vocab_sample` and `nmt.preprocess.vocab_learning` (step 2),
+`nmt.preprocess.cached_bpe` (step 3's encoder), `nmt.preprocess.staging` (step 4), and
+`nmt.preprocess.subword_sampling` (the sampled segmentations of `--subword-samples`).
 
 Cleaning (train only) follows Moses' clean-corpus-n (`nmt.preprocess.cleaning`). Valid and test sets are
 never filtered: their empty lines stay as empty sentences, and the summary counts the pairs
@@ -56,7 +57,7 @@ from nmt.data.token_arrays import TokenArrayWriter, split_paths, token_dtype
 from nmt.errors import NmtError
 from nmt.run.identity import vocab_hashes
 from nmt.os_errors import naming
-from nmt.preprocess.config import NORMALIZATION, RECORD, SETTINGS_ADDED, PreprocessConfig
+from nmt.preprocess.config import NORMALIZATION, RECORD, SETTINGS_ADDED, SETTINGS_REMOVED, PreprocessConfig
 from nmt.preprocess.subword_sampling import METHODS, SegmentationSampler, chunk_seed, sample_split, sentencepiece_kind
 from nmt.preprocess.staging import install, remove_leftover_staging, staging_dir
 from nmt.run.directory import RunDir, check_run_dir_path
@@ -137,7 +138,6 @@ def _preprocess_into(run: RunDir, cfg: PreprocessConfig, inputs: dict[str, dict[
                 src_vocab=str(stage / vocab_files[cfg.source_lang]), tgt_vocab=str(stage / vocab_files[cfg.target_lang]),
                 vocab_type=cfg.vocab_type, dtype=dtype.str, unk_id=special_ids.unk,
                 samples=cfg.subword_samples if split == "train" else 0, alpha=cfg.subword_alpha, seed=cfg.seed,
-                sample_target=cfg.subword_sides == "both",
             )
             split_summaries[split] = _binarize_split(split, job, pairs[split], stage / "data", runner, progress)
         train = split_summaries.get("train")
@@ -228,8 +228,12 @@ def _existing_result(run: RunDir, settings: dict[str, Any], fingerprints: dict[s
     if run.has_record(RECORD) and not force:
         old = run.read_record(RECORD)
         old_settings = {**SETTINGS_ADDED, **old.get("settings", {})}
+        for key, kept in SETTINGS_REMOVED.items():
+            if old_settings.get(key) == kept:
+                del old_settings[key]
         if old_settings != settings:
-            changed = [f"{k} {old_settings.get(k)!r} -> {settings.get(k)!r}" for k in settings if old_settings.get(k) != settings.get(k)]
+            changed = [f"{k} {old_settings.get(k)!r} -> {settings.get(k)!r}" for k in {**old_settings, **settings}
+                       if old_settings.get(k) != settings.get(k)]
             raise NmtError(f"{run.root} is already preprocessed with other settings ({'; '.join(changed[:3])}); "
                            f"pass --force to replace it, or use another --run-dir")
         if old.get("inputs") != fingerprints:
@@ -271,7 +275,7 @@ def _sampling_record(cfg: PreprocessConfig, vocab_type: str, tokenizers: dict[st
         "samples": cfg.subword_samples,
         "alpha": cfg.subword_alpha,
         "method": "; ".join(METHODS[kind] for kind in kinds),
-        "sides": cfg.subword_sides,
+        "sides": "source",
         "seed": cfg.seed,
         "splits": [sample_split(k) for k in range(1, cfg.subword_samples + 1)],
         "epochs": "nmt train trains epoch e on sample ((e - 1) mod samples) + 1",
@@ -328,7 +332,8 @@ def _worker_sampler(path: str, alpha: float) -> SegmentationSampler:
 
 def _encode_chunk(task: Task) -> _Chunk:
     """Worker: decode, (Moses), clean (train only) and encode one chunk of pairs, then its sampled
-    segmentations (seeded per chunk, side and sample: the same whichever worker runs it)."""
+    source segmentations (seeded per chunk and sample: the same whichever worker runs it); the
+    samples' target side is the deterministic one."""
     job, first_line = task[0], task[1]
     src, tgt = prepared_pairs(task)
     codes = drop_codes(src, tgt, job.rules)
@@ -338,13 +343,9 @@ def _encode_chunk(task: Task) -> _Chunk:
     dtype = np.dtype(job.dtype)
     src_ids, src_sizes = _worker_encoder(job.src_vocab, job.vocab_type).encode(src, dtype)
     tgt_ids, tgt_sizes = _worker_encoder(job.tgt_vocab, job.vocab_type).encode(tgt, dtype)
-    samplers = [_worker_sampler(path, job.alpha) for path in (job.src_vocab, job.tgt_vocab)] if job.samples else []
-    samples = [
-        (flatten(samplers[0].encode(src, chunk_seed(job.seed, k, 0, first_line)), dtype),
-         flatten(samplers[1].encode(tgt, chunk_seed(job.seed, k, 1, first_line)), dtype) if job.sample_target
-         else (tgt_ids, tgt_sizes))
-        for k in range(1, job.samples + 1)
-    ]
+    sampler = _worker_sampler(job.src_vocab, job.alpha) if job.samples else None
+    samples = [(flatten(sampler.encode(src, chunk_seed(job.seed, k, 0, first_line)), dtype), (tgt_ids, tgt_sizes))
+               for k in range(1, job.samples + 1)]
     return _Chunk(len(codes), codes, src_ids, src_sizes, tgt_ids, tgt_sizes, samples)
 
 

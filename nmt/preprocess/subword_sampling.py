@@ -4,7 +4,9 @@ A small corpus seen for many epochs is seen with one segmentation of each word; 
 different segmentation each epoch (Kudo 2018, "Subword Regularization"; Provilkov et al. 2020,
 "BPE-Dropout") makes the model robust to how words are cut and is reported at +1 to +3 BLEU on
 IWSLT-sized data. `nmt preprocess --subword-samples K --subword-alpha A` stores K such
-segmentations of the kept training pairs as extra splits `train.sample1` .. `train.sampleK`;
+segmentations of the kept training pairs' source side as extra splits `train.sample1` ..
+`train.sampleK`, whose target side is the deterministic segmentation, the one the decoder
+learns to write (sampling it too lost on Multi30k every time: docs/recipes.md);
 `nmt train` trains epoch e on sample ((e - 1) mod K) + 1 (`sample_for_epoch`). Validation,
 test and translation always use the deterministic segmentation (`train`, `valid`, ...).
 

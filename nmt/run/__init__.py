@@ -1,1 +1,1 @@
-"""The run directory as a contract between subcommands: its paths, its lock, atomic writes, the vocabulary identity, recorded splits, and checkpoint files with their names."""
+"""The run directory as a contract between subcommands: its paths, its lock, atomic writes, the vocabulary identity, recorded splits, checkpoint files with their names, the training state they hold, which one translates and the stock model it holds."""

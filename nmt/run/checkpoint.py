@@ -5,7 +5,7 @@ Layout (fairseq's file names, nanoGPT's self-describing dict):
      "optimizer": optimizer state_dict, "version": 1}
 Only `model` and `config` are needed to translate; they load with `weights_only=True`, and
 `load_checkpoint` checks this layout (`structure_problem`), so a crafted or foreign file is one
-line naming it.
+line naming it. `load_stock_model` builds the model a checkpoint holds, for every engine and export.
 """
 
 from __future__ import annotations
@@ -14,14 +14,16 @@ import os
 import reprlib
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 import torch
 
 from nmt.run.atomic import atomic_path
 from nmt.errors import NmtError
-from nmt.run.identity import IDENTITY_KEY
+from nmt.run.identity import IDENTITY_KEY, check_identity, checkpoint_identity
+from nmt.run.state import TrainState
 from nmt.model.config import TransformerConfig
+from nmt.model.transformer import Transformer
 from nmt.settings import check_ranges
 
 CHECKPOINT_VERSION = 1
@@ -57,6 +59,25 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     return checkpoint
 
 
+def load_stock_model(path: Path, device: torch.device, dtype: torch.dtype, expected: Optional[dict[str, Any]] = None, *,
+                     warn: Callable[[str], None]) -> Transformer:
+    """The model a checkpoint holds, built from its own configuration with stock torch ops only
+    (`nmt.model.transformer`), on `device` in `dtype`, in eval mode: what export reads, and what
+    translation gives the device's ops (`nmt.inference.checkpoints.load_model`). With `expected`
+    (a run's `nmt.run.identity`), refused when trained with another vocabulary; `warn` says
+    what could not be checked."""
+    checkpoint = load_checkpoint(path)
+    if expected is not None:
+        check_identity(checkpoint_identity(checkpoint), expected, f"checkpoint {path}", warn)
+    try:
+        model = Transformer(TransformerConfig.from_dict(checkpoint["config"]))
+        model.load_state_dict(checkpoint["model"])
+    except (RuntimeError, TypeError, ValueError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise NmtError(f"checkpoint {path} does not match its own model configuration ({reason}); it is damaged") from None
+    return model.to(device=device, dtype=dtype).eval()
+
+
 OPTIONAL_DICTS = ("train_state", "train_config", "optimizer", IDENTITY_KEY, "rng")
 """Entries that training, averaging and the identity check read as dicts when they are there."""
 
@@ -88,8 +109,6 @@ def structure_problem(checkpoint: Any) -> str | None:
 
 def _train_state_problem(state: dict[str, Any]) -> str | None:
     """A field of 'train_state' whose value is not of TrainState's type for it, or None."""
-    from nmt.train.state import TrainState  # here: only a checkpoint with a train_state needs it
-
     hints = typing.get_type_hints(TrainState)
     for name, value in state.items():
         if name in hints and not _fits(value, hints[name]):

@@ -295,9 +295,10 @@ def _runs_on(translator: Any) -> dict[str, str]:
     if translator.cfg.engine == "ctranslate2":
         engine = translator.decoder.engine
         device = engine.device if engine.device == "cpu" else f"{engine.device}:{engine.device_index[0]}"
-        return {"engine": "ctranslate2", "device": device, "dtype": engine.compute_type}
+        return {"engine": "ctranslate2", "device": device, "dtype": engine.compute_type, "decoder": "ctranslate2"}
     dtype = next(translator.models[0].parameters()).dtype
-    return {"engine": "nmt", "device": str(translator.decoder.device), "dtype": str(dtype).replace("torch.", "")}
+    return {"engine": "nmt", "device": str(translator.decoder.device), "dtype": str(dtype).replace("torch.", ""),
+            "decoder": translator.decoder_path}
 
 
 def _architecture(model: Any) -> tuple[dict[str, Any], int]:
@@ -504,9 +505,8 @@ def serve(run_dir: str | Path, checkpoints: Sequence[str | Path], settings: dict
 
     # A server's model calls hold one batch each (at most --max-batch-sentences), so batches in
     # flight at once (--inter-threads) would leave cores idle: unless told otherwise, every
-    # thread works on each call. (`nmt serve --engine ctranslate2` on 2 cores with CTranslate2's
-    # inter_threads 2: 32 clients got 44% of `nmt translate`'s sentences/s at 89% of its
-    # sentences per CPU-second.)
+    # thread works on each call (with CTranslate2's inter_threads 2, 32 clients got less:
+    # bench/results/2026-12-02_856633e_zen4_bench-serve.json).
     if not settings.get("inter_threads"):
         settings = {**settings, "inter_threads": 1}
     sock = listen_socket(cfg.host, cfg.port)  # a taken port fails before the model loads

@@ -7,8 +7,8 @@ call together, and so do the clients of the call just answered that send their n
 right away (without the wait after a call, closed-loop clients split into two groups that
 take turns, each with half-full calls). A call also starts once the waiting sentences number
 as many as the previous call held: when the clients just answered are all back, the rest of
-the window would only leave the model idle (one closed-loop client: busy 82% of the time with
-the whole window, 96% without). A call takes sentences from the waiting requests in turns,
+the window would only leave the model idle (one closed-loop client kept the model busy for less
+of the time with the whole window). A call takes sentences from the waiting requests in turns,
 one sentence each round, oldest request first, so a request of hundreds of sentences is
 spread over several calls and a one-sentence request that arrives meanwhile rides in the
 very next call. Requests with other beam search settings cannot share a call: the settings
@@ -25,7 +25,7 @@ runs parallel operations its own team of worker threads, and once a process hold
 them than it has cores, libgomp shortens the time its workers spin between operations to
 almost nothing. A model loaded on the main thread and run on this one did exactly that: each
 of the decoder's small operations then waited for sleeping workers to wake, and `nmt serve`
-translated at 60% of the speed of the same calls on one thread.
+translated far slower than the same calls on one thread.
 """
 
 from __future__ import annotations

@@ -253,7 +253,7 @@ class TrainLogger:
         self.info("valid | " + " | ".join(f"{k} {v}" for k, v in rec.items() if k != "kind"))
 
     def stop(self, state: Any, reason: str, **details: Any) -> None:
-        """The last record of a launch: why training stopped (see README, 'Logs')."""
+        """The last record of a launch: why training stopped (docs/training.md, "Watching training")."""
         rec = {"kind": "stop", "epoch": state.epoch, "update": state.update, "reason": reason, **details,
                "wall": round(state.train_time, 2)}
         self.record(rec)

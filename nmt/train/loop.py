@@ -33,7 +33,7 @@ import torch
 from nmt.train import distributed as dist_util
 from nmt.train import policy as train_policy
 from nmt.run.atomic import remove_leftover_temps
-from nmt.data.batch_stream import BatchStream, PreparedUpdate, prepare_group
+from nmt.data.batch_stream import BatchStream, PreparedUpdate
 from nmt.data.batching import Batch, collate, make_batches, usable_indices
 from nmt.run.checkpoint import CHECKPOINT_VERSION
 from nmt.run.checkpoint_files import CheckpointManager
@@ -51,7 +51,7 @@ from nmt.run.directory import RunDir
 from nmt.run.lock import RunLock, command_line
 from nmt.train.schedule import cooldown, learning_rate
 from nmt.train.progress import end_of_training, fraction_done, limits_of
-from nmt.train.state import TrainState
+from nmt.run.state import TrainState
 from nmt.train.config import MODEL_FIELDS, ModelSettings, TrainConfig
 from nmt.train.log import LN2, TrainLogger, log_offsets, restore_logs, truncate_logs
 from nmt.train.resume import (BATCHING_DEFAULTS, BATCHING_FIELDS, CONTINUING_MODES, Launch, given_from_defaults,
@@ -374,14 +374,11 @@ class Trainer:
         per_update = self.ctx.world_size * self.cfg.update_freq
         return [batches[i : i + per_update] for i in range(0, len(batches), per_update)]
 
-    def train_step(self, group: list[np.ndarray] | PreparedUpdate) -> Optional[dict[str, float]]:
-        """One update through the engine, from a group of batch ids or a batch stream's prepared
-        update; None when it was skipped (non-finite)."""
+    def train_step(self, prepared: PreparedUpdate) -> Optional[dict[str, float]]:
+        """One update through the engine from a batch stream's prepared update; None when it was
+        skipped (non-finite)."""
         update = self.state.update + 1
-        if not isinstance(group, PreparedUpdate):
-            d = self.train_data
-            group = prepare_group(group, -1, self.ctx.rank, self.ctx.world_size, lambda ids: self.collate(d.src, d.tgt, ids))
-        out = self.engine.step(group.weighted(), self.lr_at(update))
+        out = self.engine.step(prepared.weighted(), self.lr_at(update))
         if isinstance(out, SkippedStep):
             self.state.consecutive_skips += 1
             if self.state.consecutive_skips >= self.cfg.max_skips:

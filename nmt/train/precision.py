@@ -26,19 +26,18 @@ ONEDNN_CACHE_CAPACITY = "24"
 default is 1024). Training pads the rows of its bf16 products to --max-tokens
 (`nmt.ops.bucketed_linear`), so one update of any architecture uses the same 18 shapes (five linear
 layer kinds, a forward and two backward products each, less two shared, and the loss's three):
-24 entries hold them all, and over 30 updates of `small` oneDNN built 18 kernels, all in the
-first (`ONEDNN_VERBOSE=profile_create`). At 16 they evicted one another and each update built
-them again; unpadded, every batch brought 33 new shapes at 4.4 ms each. Each entry keeps under
-1 MiB, and without padding a larger cache only kept shapes that never came back (the default
-grew `small`'s bf16 training to 5 GB). The environment variable ONEDNN_PRIMITIVE_CACHE_CAPACITY,
-if set, wins."""
+24 entries hold them all, built in the first update (`ONEDNN_VERBOSE=profile_create`); at 16
+they evicted one another and each update built them again, and without padding a larger cache
+only kept shapes that never came back while memory grew
+(bench/results/2026-11-30_8af72b9_sapphire-rapids_bf16-one-set-of-shapes.json). The environment
+variable ONEDNN_PRIMITIVE_CACHE_CAPACITY, if set, wins."""
 
 IDEEP_CACHE_CAPACITY = "16"
 """Entries of ideep's own per-shape cache in front of oneDNN (PyTorch's LRU_CACHE_CAPACITY,
-default 1024). With batches of ever new shapes it grew `small`'s bf16 training by about 100 MiB
-every 10 updates (1,185 -> 1,882 MiB over 80 updates, never levelling off; one batch repeated
-stayed flat). At 16 it levels off at 1,128 MiB, below fp32's 1,150, and trained as fast (5,959
-vs 5,214 target tok/s in the same session). The environment variable, if set, wins."""
+default 1024). With batches of ever new shapes the default grew bf16 training's memory without
+levelling off; at 16 it levels off, below fp32's, and trains as fast
+(bench/results/2026-11-30_4dbe3b0_sapphire-rapids_bf16-caches.json). The environment variable,
+if set, wins."""
 
 
 class Precision:

@@ -1,7 +1,8 @@
 """Where training stands: the plain data saved as `train_state` in every checkpoint.
 
-Kept apart from the loop so that reading a checkpoint (nmt.run.checkpoint checks its fields'
-types) needs no part of training.
+Part of the run directory's contract rather than of training: reading a checkpoint
+(`nmt.run.checkpoint` checks these fields' types) needs no part of training, and `nmt.run`
+never imports `nmt.train`.
 """
 
 from __future__ import annotations
