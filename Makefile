@@ -15,7 +15,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	@echo "installing $(TORCH_REQ) into $(VENV): PyTorch's CUDA build (the default 'torch') is about 3 GB to download"
+	@echo "installing $(TORCH_REQ) into $(VENV) (a plain 'torch' is PyTorch's CUDA build: about 3 GB to download; pip names each package it fetches)"
 	$(BIN)/python -m pip install --progress-bar on "$(TORCH_REQ)"
 	$(BIN)/python -m pip install --quiet -e ".[test,plot,tensorboard,ct2,serve,serve-test]"
 	$(BIN)/python -m nmt.ops.native  # the C++ decoder kernels, where a compiler and ninja are present
