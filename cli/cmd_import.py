@@ -45,7 +45,8 @@ def register(app: typer.Typer) -> None:
             raise NmtError(f"--max-positions {max_positions} must be at least 1")
         result = import_hf_marian(source, resolve_run_dir(run_dir), source_lang, target_lang, max_positions,
                                   progress=lambda message: print(f"nmt import: {message}", file=sys.stderr))
+        from nmt.model.config import model_size
+
         c = result.config
         print(f"nmt import: wrote {result.run_dir}: {result.source_lang}-{result.target_lang}, {result.parameters:,} parameters, "
-              f"{c.encoder_layers}+{c.decoder_layers} layers, d_model {c.d_model}, d_ff {c.d_ff}, {c.n_heads} heads, "
-              f"{c.activation}, vocabulary {c.src_vocab_size}", file=sys.stderr)
+              f"{model_size(c)}, {c.activation}, vocabulary {c.src_vocab_size}", file=sys.stderr)

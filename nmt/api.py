@@ -19,6 +19,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union, overload
 
+from nmt.data.textio import lone_surrogate
 from nmt.errors import NmtError
 from nmt.run.directory import RunDir
 from nmt.inference.translator import Translation, Translator, load_translator
@@ -186,11 +187,9 @@ def _check_characters(name: str, value: Union[None, str, Sequence]) -> None:
     Python strings allow one, but it is no character, and the tokenizer's error ("List elements
     must be str or bytes") named neither the argument nor the problem."""
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise NmtError(f"{name} holds a lone surrogate {value[e.start]!r} at character {e.start}, which is no "
-                           "character; pass whole surrogate pairs") from None
+        found = lone_surrogate(value)
+        if found is not None:
+            raise NmtError(f"{name} holds a lone surrogate {found}, which is no character; pass whole surrogate pairs")
     elif value is not None:
         for i, item in enumerate(value):
             _check_characters(f"{name}[{i}]", item)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import random
+from typing import Sequence
 
 import pytest
 
@@ -12,13 +13,42 @@ import torch
 
 from conftest import assert_one_line_error, run_nmt
 from nmt.inference.config import SearchConfig
-from nmt.inference.constrained_search import ConstraintState, ConstraintStates, constrained_beam_search, deal
+from nmt.inference.constrained_search import NO_TOKEN, ConstraintStates, constrained_beam_search, deal
 from nmt.inference.hypothesis import TargetRequest
 from nmt.inference.translator import TranslateConfig, load_translator
 from nmt.model.config import build_config
 from nmt.model.transformer import Transformer
 
 N_LINES = 200
+
+
+class ConstraintState:
+    """One hypothesis' progress through its phrases: a row of `ConstraintStates`, read one at a time."""
+
+    def __init__(self, rows: ConstraintStates):
+        self.rows = rows
+
+    @classmethod
+    def start(cls, phrases: Sequence[Sequence[int]]) -> "ConstraintState":
+        return cls(ConstraintStates.start([phrases], 1, torch.device("cpu")))
+
+    @property
+    def met(self) -> tuple[bool, ...]:
+        return tuple(self.rows.met[0].tolist())
+
+    @property
+    def bank(self) -> int:
+        return int(self.rows.bank[0])
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.rows.complete[0])
+
+    def next_tokens(self) -> set[int]:
+        return set(self.rows.next_tokens(NO_TOKEN)[0].tolist()) - {NO_TOKEN}
+
+    def advance(self, token: int) -> "ConstraintState":
+        return ConstraintState(self.rows.advance(torch.tensor([token])))
 
 
 def test_the_state_follows_phrases_in_any_order_and_drops_broken_progress():

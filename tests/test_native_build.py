@@ -112,3 +112,14 @@ def test_a_failed_build_is_said_in_one_line_and_not_retried_on_every_run(tmp_pat
     assert compiled >= 1 and not list((tmp_path / "extensions").glob(".nmt_native_*.build-*"))
     _load(tmp_path / "extensions", CXX=str(compiler))
     assert calls.read_text().count("x") == compiled  # the later runs did not call the compiler
+
+
+def test_a_build_that_does_not_load_is_one_line_not_a_traceback(tmp_path):
+    """A build copied from another system (its libraries differ) or damaged by hand: the PyTorch
+    ops decode, and one line says what to remove."""
+    name = native.build_name()
+    (tmp_path / name).mkdir()
+    (tmp_path / name / f"{name}.so").write_bytes(b"not a shared object")
+    proc = _load(tmp_path)
+    assert proc.returncode == 0 and proc.stdout.split() == ["none", "False"], proc.stderr
+    assert proc.stderr.count("\n") == 1 and "does not load" in proc.stderr and f"remove {tmp_path / name}" in proc.stderr

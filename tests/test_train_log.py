@@ -136,7 +136,7 @@ def test_a_fine_tune_or_a_resume_is_not_advised_another_arch(tmp_path, clock, ca
 # -- how the model is named -----------------------------------------------------------------
 
 def test_a_model_is_named_by_the_architecture_of_its_size_else_by_its_size():
-    from nmt.train.loop import arch_of, model_size
+    from nmt.model.config import arch_of, model_size
 
     assert arch_of(transformer_base()) == "base" and arch_of(replace(transformer_base(), dropout=0.3)) == "base"
     imported = replace(transformer_tiny(), d_ff=256)

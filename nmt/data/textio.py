@@ -6,7 +6,7 @@ import gzip
 import io
 import zlib
 from pathlib import Path
-from typing import IO, Any, Iterator, Sequence
+from typing import IO, Any, Iterator, Optional, Sequence
 
 from nmt.errors import NmtError
 
@@ -144,6 +144,16 @@ def stdin_lines(stream: IO[bytes], errors: str = "strict", name: str = "<stdin>"
     """Yield decoded lines of a binary stream, naming the line of any bad byte."""
     for lineno, raw in enumerate(stream, 1):
         yield decode_line(raw, name, lineno, errors).rstrip("\r\n")
+
+
+def lone_surrogate(text: str) -> Optional[str]:
+    """Where `text` holds a lone surrogate ("\\ud800": Python strings and JSON allow one, but it is
+    no character and no tokenizer reads it), the words for it: "'\\ud800' at character 3"; else None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"{text[e.start]!r} at character {e.start}"
+    return None
 
 
 def text_stdout() -> io.TextIOWrapper:

@@ -149,35 +149,6 @@ class ConstraintStates:
         return ids.masked_fill(ids == beyond, pad)
 
 
-class ConstraintState:
-    """One hypothesis' progress through its phrases: a row of `ConstraintStates`, to read and test."""
-
-    def __init__(self, rows: ConstraintStates):
-        self.rows = rows
-
-    @classmethod
-    def start(cls, phrases: Sequence[Sequence[int]]) -> "ConstraintState":
-        return cls(ConstraintStates.start([phrases], 1, torch.device("cpu")))
-
-    @property
-    def met(self) -> tuple[bool, ...]:
-        return tuple(self.rows.met[0].tolist())
-
-    @property
-    def bank(self) -> int:
-        return int(self.rows.bank[0])
-
-    @property
-    def complete(self) -> bool:
-        return bool(self.rows.complete[0])
-
-    def next_tokens(self) -> set[int]:
-        return set(self.rows.next_tokens(NO_TOKEN)[0].tolist()) - {NO_TOKEN}
-
-    def advance(self, token: int) -> "ConstraintState":
-        return ConstraintState(self.rows.advance(torch.tensor([token])))
-
-
 def deal(banks: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """Fairseq's bank allocation: from each sentence's candidates in rank order, (N, W) banks
     (-1: not a candidate), the positions of k of them dealt from the banks in turns, highest

@@ -6,7 +6,7 @@ fields quickly; `nmt.model.transformer` builds the network from them.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, Optional
 
 from nmt.errors import NmtError
 from nmt.settings import FRACTION, POSITIVE, Range, check_ranges, setting as _f
@@ -159,6 +159,24 @@ ARCHS = {
     "base": transformer_base,
     "big": transformer_big,
 }
+
+
+SIZE_FIELDS = ("encoder_layers", "decoder_layers", "d_model", "d_ff", "n_heads")
+"""What tells the named architectures apart."""
+
+
+def model_size(model: TransformerConfig) -> str:
+    """'2+2 layers, d_model 64, d_ff 256, 4 heads'."""
+    return (f"{model.encoder_layers}+{model.decoder_layers} layers, d_model {model.d_model}, d_ff {model.d_ff}, "
+            f"{model.n_heads} heads")
+
+
+def arch_of(model: TransformerConfig) -> Optional[str]:
+    """The named architecture (`nmt archs`) that has the model's size, or None. Read from the
+    size, not from the run's record: a model fine-tuned from its own checkpoint (an imported
+    one has no --arch) is recorded under the default --arch base whatever its size."""
+    size = [getattr(model, k) for k in SIZE_FIELDS]
+    return next((name for name, build in ARCHS.items() if [getattr(build(), k) for k in SIZE_FIELDS] == size), None)
 
 
 def check_arch(arch: str) -> None:

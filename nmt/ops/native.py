@@ -109,13 +109,18 @@ def _load_or_build() -> Optional[Any]:
     name = build_name()
     root = extensions_root()
     final = root / name / f"{name}.so"
-    if final.is_file():
-        return _import(name, final)
     failed = root / f"{name}.failed"
-    try:
-        reason = failed.read_text().strip() or "see an earlier run"
-    except OSError:
-        reason = _missing_tools()
+    reason: Optional[str]
+    if final.is_file():
+        try:
+            return _import(name, final)
+        except ImportError as e:  # a build copied from another system (its libraries differ)
+            reason = f"{final} does not load: {_reason(e)}; remove {final.parent} to build it again"
+    else:
+        try:
+            reason = failed.read_text().strip() or "see an earlier run"
+        except OSError:
+            reason = _missing_tools()
     if reason is None:
         try:
             return _build(name, root, final)

@@ -11,7 +11,7 @@ from typing import Iterator
 
 from nmt.errors import NmtError
 from nmt.preprocess.config import RECORD
-from nmt.run.atomic import fsync_directory
+from nmt.run.atomic import current_umask, fsync_directory
 from nmt.run.replace import check_replaceable, holds_only
 from nmt.run.directory import RunDir
 
@@ -72,9 +72,7 @@ def staging_dir(root: Path) -> Iterator[Path]:
         stage = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
     except OSError as e:
         raise NmtError(f"cannot write in {base}: {e.strerror}; choose another --run-dir") from None
-    umask = os.umask(0)
-    os.umask(umask)
-    stage.chmod(0o777 & ~umask)  # mkdtemp's 0700 would otherwise become the run dir's mode
+    stage.chmod(0o777 & ~current_umask())  # mkdtemp's 0700 would otherwise become the run dir's mode
     try:
         yield stage
     finally:

@@ -372,6 +372,7 @@ def import_hf_marian(folder: str | os.PathLike, run_dir: str | os.PathLike, sour
     from nmt.data.token_arrays import token_dtype
     from nmt.model.transformer import Transformer, count_parameters
     from nmt.preprocess.staging import remove_leftover_staging, staging_dir
+    from nmt.run.atomic import fsync_directory
     from nmt.run.checkpoint import save_checkpoint
     from nmt.run.directory import check_run_dir_path
     from nmt.run.identity import IDENTITY_KEY, run_identity, vocab_hashes
@@ -432,4 +433,5 @@ def import_hf_marian(folder: str | os.PathLike, run_dir: str | os.PathLike, sour
                              "imported": origin})
             del state
             os.rename(stage, root)
+            fsync_directory(root.absolute().parent)  # the new run directory's name is on disk
     return ImportResult(root, cfg, count_parameters(model), src_lang, tgt_lang)

@@ -108,13 +108,13 @@ def parse_body(body: bytes, cfg: ServeConfig) -> tuple[list[Any], bool, dict[str
 
 
 def _refuse_lone_surrogates(value: str, name: str, where: list[str]) -> None:
-    """JSON lets "\\ud800" stand alone, but it is no character: no tokenizer can read it (a 500
-    from deep inside the model call, for every client sharing it)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ClientError(400, f"{_field(name, where)} holds a lone surrogate {value[e.start]!r} at character {e.start}, "
-                               "which is no character; send a whole surrogate pair") from None
+    """A 400 here, not a 500 from deep inside the model call for every client sharing it."""
+    from nmt.data.textio import lone_surrogate
+
+    found = lone_surrogate(value)
+    if found is not None:
+        raise ClientError(400, f"{_field(name, where)} holds a lone surrogate {found}, which is no character; "
+                               "send a whole surrogate pair")
 
 
 def _field(name: str, where: list[str]) -> str:

@@ -45,7 +45,7 @@ from nmt.errors import Interrupted, NmtError
 from nmt.ops.cpu_malloc import keep_freed_memory
 from nmt.run.identity import IDENTITY_KEY, check_identity, checkpoint_identity, run_identity
 from nmt.model.transformer import Transformer
-from nmt.model.config import ARCHS, NMT_SPECIAL_IDS, SpecialIds, TransformerConfig, architecture, build_config
+from nmt.model.config import NMT_SPECIAL_IDS, SpecialIds, TransformerConfig, arch_of, architecture, build_config, model_size
 from nmt.train.precision import Precision
 from nmt.run.directory import RunDir
 from nmt.run.lock import RunLock, command_line
@@ -111,24 +111,6 @@ def model_config_for(cfg: TrainConfig, prep: dict[str, Any], finetuned: Optional
     if overrides.get("share_all_embeddings") is None:
         overrides["share_all_embeddings"] = bool(prep.get("joined", False)) and src_v == tgt_v
     return build_config(cfg.model.arch, src_v, tgt_v, special, **overrides)
-
-
-SIZE_FIELDS = ("encoder_layers", "decoder_layers", "d_model", "d_ff", "n_heads")
-"""What tells the named architectures apart."""
-
-
-def model_size(model: TransformerConfig) -> str:
-    """'2+2 layers, d_model 64, d_ff 256, 4 heads'."""
-    return (f"{model.encoder_layers}+{model.decoder_layers} layers, d_model {model.d_model}, d_ff {model.d_ff}, "
-            f"{model.n_heads} heads")
-
-
-def arch_of(model: TransformerConfig) -> Optional[str]:
-    """The named architecture (`nmt archs`) that has the model's size, or None. Read from the
-    size, not from the run's record: a model fine-tuned from its own checkpoint (an imported
-    one has no --arch) is recorded under the default --arch base whatever its size."""
-    size = [getattr(model, k) for k in SIZE_FIELDS]
-    return next((name for name, build in ARCHS.items() if [getattr(build(), k) for k in SIZE_FIELDS] == size), None)
 
 
 def validation_loss(model: Transformer, corpus: Corpus, max_tokens: int, device: torch.device,
