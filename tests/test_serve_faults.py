@@ -194,8 +194,9 @@ def test_sigterm_during_a_long_constrained_request_answers_200_or_503_and_exits_
         assert code == 0, srv.output()
         assert status == 503 and answer == {"error": "the server is shutting down; send the request again"} or \
             status == 200 and len(answer["translations"]) == 256, (status, answer)
-        # The grace, then the call in progress (one sentence), with room for a loaded machine; was 30 s and a 500.
-        assert elapsed < grace + 20, (elapsed, srv.output())
+        # The grace, then the call in progress (one sentence) and the exit, with a minute of room for a loaded
+        # machine: far below the 256 calls the request holds (before: 500s after 30 s, still running at 126 s).
+        assert elapsed < grace + 60, (elapsed, srv.output())
         assert "Traceback" not in srv.output()
     finally:
         srv.stop()
