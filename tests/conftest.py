@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -67,21 +68,107 @@ def torch_blocked_env(folder: Path) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(path)}
 
 
+FORKABLE_ENV = {"NMT_RUN_DIR", "RANK", "WORLD_SIZE", "TORCH_EXTENSIONS_DIR"}
+"""Variables a command reads when it runs, not at start-up: a command given others is a real process."""
+
+
 def run_nmt(*args: str, input: bytes | str | None = None, cwd: str | Path | None = None,
             env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run the real `nmt` command line in a subprocess; returns stdout/stderr as text."""
+    """Run the real `nmt` command line in its own process; returns stdout/stderr as text. The
+    process is forked from this test worker's fork server (tests/zygote.py), which imported the
+    command line once, unless `env` sets something read at start-up."""
     full_env = {**os.environ, **(env or {})}
     full_env.pop("NMT_RUN_DIR", None) if env is None or "NMT_RUN_DIR" not in env else None
     if isinstance(input, str):
         input = input.encode("utf-8")
-    proc = subprocess.run(
-        [sys.executable, "-m", "nmt_cli", *map(str, args)],
-        input=input, capture_output=True, cwd=cwd, env=full_env, timeout=timeout,
-    )
+    argv = [str(a) for a in args]
+    if set(env or {}) <= FORKABLE_ENV and os.environ.get("NMT_TEST_FORK", "1") != "0":
+        stdout, stderr, code = _run_forked(argv, input, cwd, full_env, timeout)
+    else:
+        proc = subprocess.run([sys.executable, "-m", "nmt_cli", *argv], input=input, capture_output=True, cwd=cwd,
+                              env=full_env, timeout=timeout)
+        stdout, stderr, code = proc.stdout, proc.stderr, proc.returncode
     return subprocess.CompletedProcess(
-        proc.args, proc.returncode,
-        proc.stdout.decode("utf-8", errors="replace"), proc.stderr.decode("utf-8", errors="replace"),
+        [sys.executable, "-m", "nmt_cli", *argv], code,
+        stdout.decode("utf-8", errors="replace"), stderr.decode("utf-8", errors="replace"),
     )
+
+
+_zygote: dict[str, object] = {}
+
+
+def _zygote_socket() -> str:
+    """This test worker's fork server (started at first use, stopped when the worker exits)."""
+    if "path" not in _zygote:
+        import atexit
+        import tempfile
+
+        folder = tempfile.mkdtemp(prefix="nmt-zygote-")
+        path = os.path.join(folder, "socket")
+        env = {k: v for k, v in os.environ.items() if k != "NMT_RUN_DIR"}
+        server = subprocess.Popen([sys.executable, str(Path(__file__).with_name("zygote.py")), path],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                  cwd=Path(__file__).parent.parent, env=env)
+        ready = server.stdout.readline()
+        assert ready == b"ready\n", f"the tests' fork server did not start ({server.poll()})"
+
+        def stop() -> None:
+            server.kill()
+            server.wait()
+            shutil.rmtree(folder, ignore_errors=True)
+
+        atexit.register(stop)
+        _zygote.update(path=path, server=server)
+    return str(_zygote["path"])
+
+
+def _run_forked(argv: list[str], input: bytes | None, cwd: str | Path | None, env: dict[str, str],
+                timeout: float) -> tuple[bytes, bytes, int]:
+    """`python -m nmt_cli ARGV` as a child of the fork server: (stdout, stderr, exit status)."""
+    import json
+    import signal
+    import socket
+    import threading
+
+    stdin_r, stdin_w = os.pipe() if input is not None else (os.open(os.devnull, os.O_RDONLY), -1)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(_zygote_socket())
+        header = json.dumps({"argv": argv, "env": env, "cwd": str(Path(cwd or os.getcwd()).resolve())}).encode() + b"\n"
+        socket.send_fds(sock, [header], [stdin_r, out_w, err_w])
+        for fd in (stdin_r, out_w, err_w):
+            os.close(fd)
+        replies = sock.makefile("rb")
+        pid = int(replies.readline().split()[1])
+        output: dict[int, bytes] = {}
+
+        def read(fd: int) -> None:
+            with open(fd, "rb") as f:
+                output[fd] = f.read()
+
+        def write() -> None:
+            with open(stdin_w, "wb") as f:
+                try:
+                    f.write(input)
+                except BrokenPipeError:
+                    pass
+
+        threads = [threading.Thread(target=read, args=(fd,), daemon=True) for fd in (out_r, err_r)]
+        if input is not None:
+            threads.append(threading.Thread(target=write, daemon=True))
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + timeout
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in threads):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            raise subprocess.TimeoutExpired(["nmt", *argv], timeout)
+        line = replies.readline()
+        assert line.startswith(b"exit "), f"the fork server lost the command: {line!r}"
+        return output[out_r], output[err_r], int(line.split()[1])
 
 
 def start_nmt(*args: str, **popen: object) -> subprocess.Popen:
@@ -94,6 +181,26 @@ def wait_until(condition: Callable[[], bool], timeout: float = 120, poll: float 
     deadline = time.time() + timeout
     while not condition() and time.time() < deadline:
         time.sleep(poll)
+
+
+def paused_in_time(pid: int, reached: Callable[[], bool], in_time: Callable[[], bool], timeout: float = 900) -> bool:
+    """Wait until `reached()`, then pause process `pid` (SIGSTOP) and say whether `in_time()` still
+    holds: a test that signals a run "mid-work" checks that it is, with the run frozen, instead of
+    assuming that this process was scheduled in time (a loaded machine can let the run finish
+    first). True: the process stays paused, for the caller to signal and `os.kill(pid, SIGCONT)`.
+    False: it was resumed; the caller starts again on a fresh copy."""
+    import signal
+
+    wait_until(reached, timeout=timeout, poll=0.005)
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except ProcessLookupError:  # it exited, and was reaped
+        return False
+    if in_time():
+        return True
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
+    return False
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:

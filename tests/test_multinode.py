@@ -15,15 +15,15 @@ import psutil
 import pytest
 import torch
 
-from conftest import run_nmt, wait_until
+from conftest import paused_in_time, run_nmt, wait_until
 from nmt.run.checkpoint import load_checkpoint
 from test_distributed import assert_same_params, final_params
 from test_runlock import hold_lock
 from test_train import TINY, fresh_copy  # noqa
 
-MAX_UPDATE = 40  # long enough that a worker killed at the first checkpoint dies mid-run
+MAX_UPDATE, SAVE_EVERY = 40, 4
 ARGS = [*TINY[:-2], "--warmup", "4", "--dropout", "0", "--seed", "5", "--no-epoch-checkpoints",
-        "--max-update", str(MAX_UPDATE), "--save-interval-updates", "4", "--log-interval", "10"]
+        "--max-update", str(MAX_UPDATE), "--save-interval-updates", str(SAVE_EVERY), "--log-interval", "10"]
 
 
 def start_two_nodes(run: Path, *torchrun_args: str) -> list[subprocess.Popen]:
@@ -42,7 +42,7 @@ def start_two_nodes(run: Path, *torchrun_args: str) -> list[subprocess.Popen]:
     return agents
 
 
-def wait_for(agents: list[subprocess.Popen], timeout: float = 240) -> list[int]:
+def wait_for(agents: list[subprocess.Popen], timeout: float = 900) -> list[int]:
     """Both agents' exit statuses; an agent still running after `timeout` seconds fails the test."""
     deadline = time.monotonic() + timeout
     try:
@@ -55,9 +55,12 @@ def wait_for(agents: list[subprocess.Popen], timeout: float = 240) -> list[int]:
                 agent.wait()
 
 
+def workers_of(agents: list[subprocess.Popen]) -> list[psutil.Process]:
+    return [w for agent in agents for w in psutil.Process(agent.pid).children()]
+
+
 def worker_of_rank(agents: list[subprocess.Popen], rank: int) -> psutil.Process:
-    workers = [w for agent in agents for w in psutil.Process(agent.pid).children()]
-    return next(w for w in workers if w.environ().get("RANK") == str(rank))
+    return next(w for w in workers_of(agents) if w.environ().get("RANK") == str(rank))
 
 
 def logs(run: Path) -> str:
@@ -86,14 +89,37 @@ def test_two_nodes_equal_one_process_with_update_freq_2(prepared, unbroken, tmp_
     assert_same_params(final_params(one), final_params(unbroken))
 
 
+def saved_update(run: Path) -> int:
+    return load_checkpoint(run / "checkpoints/checkpoint_last.pt")["train_state"]["update"]
+
+
+def paused_mid_run(prepared: Path, tmp_path: Path, victim: int, *torchrun_args: str) -> tuple[Path, list[subprocess.Popen], psutil.Process]:
+    """Two nodes training a fresh copy of `prepared`, with rank `victim`'s worker paused (SIGSTOP)
+    after a checkpoint and at least two saves before the last one, for the caller to kill: it
+    dies mid-run whatever the machine's speed, since the other rank cannot get past the next
+    collective (and so past one more save) without it. A kill after the end would leave
+    torchrun's agents in their exit barrier, which is not what is under test. The survivor is
+    never paused: a gloo peer that dies while the survivor is stopped can leave it waiting in its
+    next all-reduce. A run that got further before the test looked is let finish and tried again
+    on a new copy."""
+    for attempt in range(5):
+        run = fresh_copy(prepared, tmp_path / f"run{attempt}")
+        agents = start_two_nodes(run, *torchrun_args)
+        wait_until(lambda: len(workers_of(agents)) == 2, timeout=900, poll=0.02)
+        worker = worker_of_rank(agents, victim)
+        last = run / "checkpoints/checkpoint_last.pt"
+        if paused_in_time(worker.pid, last.exists, lambda: saved_update(run) <= MAX_UPDATE - 2 * SAVE_EVERY):
+            return run, agents, worker
+        assert wait_for(agents) == [0, 0], logs(run)
+    pytest.fail("five runs of two nodes went past their second-last checkpoint before the test could pause them")
+
+
 @pytest.mark.slow
 def test_a_killed_worker_stops_both_nodes_and_a_rerun_resumes_exactly(prepared, unbroken, tmp_path):  # noqa: F811
-    run = fresh_copy(prepared, tmp_path / "run")
-    agents = start_two_nodes(run)
-    wait_until((run / "checkpoints/checkpoint_last.pt").exists, timeout=900, poll=0.02)
-    worker_of_rank(agents, 1).kill()
-    assert all(wait_for(agents, timeout=900)), logs(run)  # both fail, neither hangs
-    saved = load_checkpoint(run / "checkpoints/checkpoint_last.pt")["train_state"]["update"]
+    run, agents, worker = paused_mid_run(prepared, tmp_path, victim=1)
+    worker.kill()
+    assert all(wait_for(agents)), logs(run)  # both fail, neither hangs
+    saved = saved_update(run)
     assert saved < MAX_UPDATE, "the run ended before the kill"
 
     assert wait_for(start_two_nodes(run)) == [0, 0], logs(run)
@@ -103,10 +129,8 @@ def test_a_killed_worker_stops_both_nodes_and_a_rerun_resumes_exactly(prepared, 
 
 @pytest.mark.slow
 def test_max_restarts_restarts_a_killed_worker_which_resumes_by_itself(prepared, unbroken, tmp_path):  # noqa: F811
-    run = fresh_copy(prepared, tmp_path / "run")
-    agents = start_two_nodes(run, "--max-restarts", "1")
-    wait_until((run / "checkpoints/checkpoint_last.pt").exists, timeout=900, poll=0.02)
-    worker_of_rank(agents, 0).kill()  # the writer: it holds the run's lock and saves the checkpoints
+    run, agents, worker = paused_mid_run(prepared, tmp_path, 0, "--max-restarts", "1")
+    worker.kill()  # the writer: it holds the run's lock and saves the checkpoints
     assert wait_for(agents) == [0, 0], logs(run)
     assert "resuming from" in (run / "logs/train.log").read_text()
     assert_identical_params(final_params(unbroken), final_params(run))

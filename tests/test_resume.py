@@ -4,7 +4,9 @@ moment (also mid fine-tune and after a --reset-lr-scheduler launch), and never o
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import assert_one_line_error, run_nmt, start_nmt, wait_until
+from conftest import assert_one_line_error, paused_in_time, run_nmt, start_nmt, wait_until
 from nmt.run.checkpoint import load_checkpoint
 from nmt.train.schedule import paper_lr, peak_lr
 from test_train import TINY, fresh_copy  # noqa
@@ -41,31 +43,40 @@ def assert_bit_identical(a: Path, b: Path) -> None:
         assert torch.equal(pa[name], pb[name]), name
 
 
-def train_killing_at_random_moments(run: Path, args: list[str], rng: random.Random, kills: int) -> int:
-    """Start `nmt train` with `args`, SIGKILL it at random moments while it trains (or saves),
-    re-run the same command each time, and let the last run finish. Returns the kills made."""
-    made = 0
-    for _ in range(kills + 20):
-        proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", "train", "-r", str(run), *args],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        if made < kills:
-            log = run / "logs/train.jsonl"
-            start_size = log.stat().st_size if log.is_file() else 0
-            target_growth = rng.randint(1, 6) * 60  # roughly that many records more (each ~60-200 bytes)
-            deadline = time.time() + 120
-            while proc.poll() is None and time.time() < deadline:
-                if log.is_file() and log.stat().st_size >= start_size + target_growth:
-                    time.sleep(rng.uniform(0.0, 0.08))
-                    break
-                time.sleep(0.005)
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-                made += 1
-        _, err = proc.communicate(timeout=900)
-        if proc.returncode == 0:
+def train_killing_at_random_moments(prepared: Path, run: Path, args: list[str], rng: random.Random, kills: int) -> int:
+    """Train a fresh copy of `prepared` in `run` with `args`, SIGKILL it at random moments while it
+    trains (or saves), re-run the same command each time, and let the last run finish. Returns
+    the kills made. Each kill pauses the run first (SIGSTOP) and kills it only if it has not
+    exited: a run that finished before this process was scheduled is started again on a fresh
+    copy, so that a loaded machine changes the moments, never the number of kills."""
+    for _ in range(5):
+        shutil.rmtree(run, ignore_errors=True)
+        fresh_copy(prepared, run)
+        made = 0
+        for _ in range(kills + 20):
+            proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", "train", "-r", str(run), *args],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            if made < kills:
+                log = run / "logs/train.jsonl"
+                start_size = log.stat().st_size if log.is_file() else 0
+                target_growth = rng.randint(1, 6) * 60  # roughly that many records more (each ~60-200 bytes)
+                wait_until(lambda: proc.poll() is not None or (log.is_file() and log.stat().st_size >= start_size + target_growth),
+                           timeout=900, poll=0.005)
+                time.sleep(rng.uniform(0.0, 0.08))
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGSTOP)
+                if proc.poll() is None:  # paused, not exited: the kill lands mid-run
+                    proc.kill()
+                    made += 1
+            _, err = proc.communicate(timeout=900)
+            if proc.returncode == 0:
+                break
+            assert proc.returncode == -signal.SIGKILL, err.decode()
+        else:
+            raise AssertionError("training never finished")
+        if made == kills:
             return made
-        assert proc.returncode == -signal.SIGKILL, err.decode()
-    raise AssertionError("training never finished")
+    raise AssertionError(f"five runs finished before this test could kill them {kills} time(s)")
 
 
 def test_sigkill_at_random_moments_in_training_fine_tuning_and_after_a_reset_launch(prepared, tmp_path):  # noqa: F811
@@ -74,9 +85,9 @@ def test_sigkill_at_random_moments_in_training_fine_tuning_and_after_a_reset_lau
 
     # 1. plain training
     plain = [*common, "--max-update", "30"]
-    once, killed = fresh_copy(prepared, tmp_path / "once"), fresh_copy(prepared, tmp_path / "killed")
+    once, killed = fresh_copy(prepared, tmp_path / "once"), tmp_path / "killed"
     assert run_nmt("train", "-r", once, *plain).returncode == 0
-    assert train_killing_at_random_moments(killed, plain, rng, kills=1) == 1  # once proves the resume
+    assert train_killing_at_random_moments(prepared, killed, plain, rng, kills=1) == 1  # once proves the resume
     assert_bit_identical(once, killed)
     assert logged(once) == logged(killed)
     updates = [u for kind, u, _, _ in logged(killed) if kind == "train"]
@@ -84,18 +95,18 @@ def test_sigkill_at_random_moments_in_training_fine_tuning_and_after_a_reset_lau
 
     # 2. fine-tuning from the first run's model
     tune = [*common, "--max-update", "24", "--finetune-from", str(once / "checkpoints/checkpoint_last.pt"), "--lr", "1e-3"]
-    tune_once, tune_killed = fresh_copy(prepared, tmp_path / "tune_once"), fresh_copy(prepared, tmp_path / "tune_killed")
+    tune_once, tune_killed = fresh_copy(prepared, tmp_path / "tune_once"), tmp_path / "tune_killed"
     assert run_nmt("train", "-r", tune_once, *tune).returncode == 0
-    assert train_killing_at_random_moments(tune_killed, tune, rng, kills=1) == 1
+    assert train_killing_at_random_moments(prepared, tune_killed, tune, rng, kills=1) == 1
     assert_bit_identical(tune_once, tune_killed)
     assert logged(tune_once) == logged(tune_killed)
 
     # 3. a --reset-lr-scheduler launch from the first run's checkpoint, killed right after it starts
     reset = [*common, "--max-update", "42", "--restore-file", str(once / "checkpoints/checkpoint_last.pt"),
              "--reset-lr-scheduler", "--warmup", "4"]
-    reset_once, reset_killed = fresh_copy(prepared, tmp_path / "reset_once"), fresh_copy(prepared, tmp_path / "reset_killed")
+    reset_once, reset_killed = fresh_copy(prepared, tmp_path / "reset_once"), tmp_path / "reset_killed"
     assert run_nmt("train", "-r", reset_once, *reset).returncode == 0
-    assert train_killing_at_random_moments(reset_killed, reset, rng, kills=1) >= 1
+    assert train_killing_at_random_moments(prepared, reset_killed, reset, rng, kills=1) == 1
     assert_bit_identical(reset_once, reset_killed)
     assert logged(reset_once) == logged(reset_killed)
     first = next(r for r in train_records(reset_killed) if r["kind"] == "train")
@@ -179,11 +190,19 @@ def test_ctrl_c_saves_the_update_reached_and_a_rerun_continues_exactly(prepared,
     once = fresh_copy(prepared, tmp_path / "once")
     assert run_nmt("train", "-r", once, *args).returncode == 0
 
-    run = fresh_copy(prepared, tmp_path / "run")
-    proc = start_nmt("train", "-r", run, *args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    log = run / "logs/train.jsonl"
-    wait_until(lambda: log.is_file() and log.read_text().count('"train"') >= 8)
+    for attempt in range(5):  # Ctrl-C lands mid-run: the run is paused to check, then interrupted
+        run = fresh_copy(prepared, tmp_path / f"run{attempt}")
+        proc = start_nmt("train", "-r", run, *args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        log = run / "logs/train.jsonl"
+        logged_updates = lambda: log.read_text().count('"train"') if log.is_file() else 0  # noqa: E731
+        if paused_in_time(proc.pid, lambda: logged_updates() >= 8 or proc.poll() is not None,
+                          lambda: proc.poll() is None and logged_updates() <= 40 - 3):  # the update in flight, and one more
+            break
+        proc.communicate(timeout=900)
+    else:
+        pytest.fail("five runs got within 3 updates of their end before this test could pause them")
     proc.send_signal(signal.SIGINT)
+    os.kill(proc.pid, signal.SIGCONT)
     _, err = proc.communicate(timeout=900)
     lines = [l for l in err.decode().splitlines() if l.startswith("nmt:")]
     assert proc.returncode == 130

@@ -165,11 +165,11 @@ def sampled_run(tmp_path_factory) -> Path:
 def test_a_run_on_sampled_segmentations_resumes_bit_identically_mid_epoch(sampled_run, tmp_path):
     args = [*TINY, "--seed", "5", "--log-interval", "1", "--save-interval-updates", "3", "--keep-last", "-1",
             "--max-tokens", "128", "--max-epoch", "4"]
-    once, killed = (shutil.copytree(sampled_run, tmp_path / name) for name in ("once", "killed"))
+    once, killed = shutil.copytree(sampled_run, tmp_path / "once"), tmp_path / "killed"
     proc = run_nmt("train", "-r", once, *args)
     assert proc.returncode == 0, proc.stderr
     assert "subword sampling: epoch e trains on train.samplek" in " ".join(proc.stderr.split())
-    assert train_killing_at_random_moments(killed, args, random.Random(5), kills=1) == 1  # once proves the resume
+    assert train_killing_at_random_moments(sampled_run, killed, args, random.Random(5), kills=1) == 1  # once proves the resume
     assert_bit_identical(once, killed)
     assert logged(once) == logged(killed)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import assert_one_line_error, run_nmt, start_nmt, wait_until
+from conftest import assert_one_line_error, paused_in_time, run_nmt, start_nmt
 from nmt.run.checkpoint import load_checkpoint
 from nmt.train.schedule import paper_lr
 
@@ -62,9 +62,16 @@ def test_resume_after_sigkill_ends_with_identical_parameters(prepared, tmp_path)
     once = fresh_copy(prepared, tmp_path / "once")
     assert run_nmt("train", "-r", once, *args).returncode == 0
 
-    killed = fresh_copy(prepared, tmp_path / "killed")
-    proc = start_nmt("train", "-r", killed, *args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_until(lambda: bool(list((killed / "checkpoints").glob("checkpoint_*_20.pt"))))
+    for attempt in range(5):  # paused after its first save, killed only while its last is still to come
+        killed = fresh_copy(prepared, tmp_path / f"killed{attempt}")
+        proc = start_nmt("train", "-r", killed, *args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        last = killed / "checkpoints/checkpoint_last.pt"
+        if paused_in_time(proc.pid, lambda: last.exists() or proc.poll() is not None,
+                          lambda: proc.poll() is None and load_checkpoint(last)["train_state"]["update"] < 40):
+            break
+        proc.wait()
+    else:
+        pytest.fail("five runs saved their last checkpoint before this test could pause them")
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert load_checkpoint(killed / "checkpoints/checkpoint_last.pt")["train_state"]["update"] < 40
