@@ -8,7 +8,7 @@ TORCH_REQ ?= torch
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test bench bench-preprocess bench-train bench-train-gpu bench-translate bench-decoder-ops bench-decoder-profile bench-scale bench-serve bench-constraints bench-constraint-cost bench-alignment recipe-multi30k recipe-wmt14-ende clean
+.PHONY: install test bench bench-preprocess bench-train bench-train-gpu bench-translate bench-decoder-ops bench-decoder-profile bench-scale bench-serve bench-constraints bench-constraint-cost bench-alignment recipe-multi30k recipe-multi30k-distill recipe-wmt14-ende clean
 
 install: $(STAMP)
 
@@ -88,6 +88,12 @@ bench-alignment: install
 #   make recipe-multi30k MULTI30K_DIR=../shared/data/multi30k BUDGET=10m
 recipe-multi30k: install
 	$(BIN)/python recipes/multi30k.py
+
+# A fast student distilled from recipe-multi30k's teacher (trained first when missing), the same
+# student on the original data, and one table of BLEU, size and speed (settings: recipes/multi30k_distill.py):
+#   make recipe-multi30k-distill MULTI30K_DIR=../shared/data/multi30k
+recipe-multi30k-distill: install
+	$(BIN)/python recipes/multi30k_distill.py
 
 # The paper's WMT14 En-De pipeline, for GPU machines (settings: recipes/wmt14_ende.py), e.g.
 #   make recipe-wmt14-ende DRY_RUN=1            # print the plan only

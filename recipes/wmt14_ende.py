@@ -68,6 +68,14 @@ TRAINING: dict[str, Any] = {
 
 DECODING: dict[str, Any] = {"BEAM": 4, "LENPEN": 0.6}  # Section 6.1
 
+# After the paper's model: a fast student distilled from it (nmt distill; docs/distillation.md).
+DISTILLATION: dict[str, Any] = {
+    "DISTILL": False,              # 1: add the student's steps after the teacher's summary
+    "STUDENT_ARCH": "student-tiny",  # 6+2 layers, d_model 256 (Bergamot's tiny size)
+    "DISTILL_BEAM": 8,             # the teacher's beam and n-best when it translates the training set (Mozilla's 8)
+    "STUDENT_MAX_UPDATE": 100000,
+}
+
 SETUP: dict[str, Any] = {
     "RUN_DIR": "runs/wmt14-en-de",
     "WMT14_DIR": None,             # already downloaded files (see the module docstring)
@@ -527,7 +535,45 @@ def build_steps(s: dict[str, Any], freq: int) -> list[Step]:
         Step("summary", action=lambda: summarize(s, run, hyp, sacrebleu_json, compound_json),
              describe=f"print both scores, training time, updates and tokens/s; write {run / 'summary.json'}"),
     ]
+    if s["DISTILL"]:
+        steps += distillation_steps(s, freq, run, text, threads)
     return steps
+
+
+def distillation_steps(s: dict[str, Any], freq: int, teacher: Path, text: Path, threads: list[str]) -> list[Step]:
+    """The student: the teacher translates the (cleaned) training text, keeping of its n-best the
+    hypothesis of highest chrF against the reference; a STUDENT_ARCH model trains on that pair
+    with the teacher's batch, and is averaged, scored greedily and exported in int8."""
+    student, distilled = teacher.with_name(teacher.name + "-student"), teacher.with_name(teacher.name + "-distilled")
+    hyp = student / f"{TEST.name}.hyp.{TGT}"
+    return [
+        Step(f"distill: the teacher translates the training text (beam and n-best {s['DISTILL_BEAM']}, chrF selection; "
+             f"resumes by chunk, one process per GPU)", args=[
+            "distill", "--run-dir", teacher, "--checkpoint", "checkpoint_avg.pt", "--source", text / f"train.{SRC}",
+            "--reference", text / f"train.{TGT}", "--beam", s["DISTILL_BEAM"], "--lenpen", flag_value(s["LENPEN"]),
+            "-o", distilled, "--encoding-errors", s["ENCODING_ERRORS"], *threads]),
+        Step(f"student: preprocess the distilled pair (joint BPE {s['VOCAB']})", args=[
+            "preprocess", "--run-dir", student, "--source-lang", SRC, "--target-lang", TGT,
+            "--trainpref", distilled / "train", "--validpref", text / VALID.name, "--testpref", text / TEST.name,
+            "--vocab-size", s["VOCAB"], "--vocab-sample-lines", s["VOCAB_SAMPLE_LINES"], "--max-len", s["MAX_LEN"],
+            "--max-ratio", flag_value(s["MAX_RATIO"]), *(["--workers", str(s["THREADS"])] if s["THREADS"] else [])]),
+        Step(f"student: train --arch {s['STUDENT_ARCH']} on it with the teacher's batch", args=[
+            "train", "--run-dir", student, "--arch", s["STUDENT_ARCH"], "--max-tokens", s["MAX_TOKENS"],
+            "--update-freq", freq, "--warmup", s["WARMUP"], "--amp", s["AMP"], "--max-update", s["STUDENT_MAX_UPDATE"],
+            "--save-interval-minutes", flag_value(s["SAVE_INTERVAL_MINUTES"]), "--keep-last", 5, "--no-epoch-checkpoints",
+            "--log-interval", s["LOG_INTERVAL"], *(["--distributed-world-size", str(s["NUM_GPUS"])] if s["NUM_GPUS"] else []),
+            *threads]),
+        Step("student: average its last 5 interval checkpoints", prepare=fit_average({**s, "AVERAGE_LAST": 5}, student, "updates"),
+             args=["average-checkpoints", "--run-dir", student, "--last", "5", "--kind", "updates"]),
+        Step(f"student: translate {TEST.name} greedily (beam 1)", stdout=hyp, args=[
+            "translate", "--run-dir", student, "--checkpoint", "checkpoint_avg.pt", "--input", text / f"{TEST.name}.{SRC}",
+            "--beam", "1", *threads]),
+        Step("student: score with sacreBLEU", stdout=student / f"{TEST.name}.sacrebleu.json", args=[
+            "score", "--ref", text / f"{TEST.name}.{TGT}", "--hyp", hyp, "--lang", TGT, "--json"]),
+        Step("student: export to CTranslate2 in int8, the CPU engine", args=[
+            "export", "--run-dir", student, "--checkpoint", "checkpoint_avg.pt", "--quantization", "int8",
+            "-o", student / "ctranslate2-int8", "--force"]),
+    ]
 
 
 def _need_matplotlib(run: Path):
@@ -615,7 +661,7 @@ def print_plan(s: dict[str, Any], gpus: int, freq: int, gpu_name: Optional[str])
 
 
 def settings() -> dict[str, Any]:
-    s = settings_from_env({**TRAINING, **DECODING, **SETUP})
+    s = settings_from_env({**TRAINING, **DECODING, **DISTILLATION, **SETUP})
     if s["NUM_GPUS"] is not None:
         s["NUM_GPUS"] = parse_setting("NUM_GPUS", s["NUM_GPUS"], 0)
     s["MAX_UPDATE"] = s["MAX_UPDATE"] or PAPER_STEPS.get(s["ARCH"], PAPER_STEPS["base"])

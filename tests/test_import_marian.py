@@ -567,3 +567,18 @@ def test_export_refuses_a_run_whose_language_code_would_write_outside_its_folder
         export_ctranslate2(run, output)
     assert [p for p in tmp_path.rglob("*escaped*")] == []
     assert not output.exists()
+
+
+def test_an_imported_teacher_distills_as_it_translates(imported, multi30k_dir, tmp_path):
+    _, _, run, _ = imported
+    lines = _lines(multi30k_dir / "test_2016_flickr.en.gz", 20) + [""]
+    src = tmp_path / "mono.en"
+    src.write_text("".join(l + "\n" for l in lines), encoding="utf-8")
+    proc = run_nmt("distill", "-r", run, "--source", src, "-o", tmp_path / "out", "--threads", "1", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "out/summary.json").read_text())
+    assert summary["lines"] == 21 and summary["empty"] == 1
+    target = Path(summary["target"]).read_text(encoding="utf-8").splitlines()
+    plain = run_nmt("translate", "-r", run, "--threads", "1", "--quiet", "--input", src)
+    assert plain.returncode == 0, plain.stderr
+    assert target == plain.stdout.splitlines()

@@ -60,7 +60,7 @@ LAYERS = (
     ("nmt_cli", "nmt"),
     ("serve",),
     ("api",),
-    ("train",),
+    ("train", "distill"),
     ("inference",),
     ("export", "pretrained", "average", "score"),
     ("preprocess",),

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import run_nmt
+
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
 UNREACHABLE = "http://127.0.0.1:9/"
@@ -489,3 +491,45 @@ def test_multi30k_subword_sampling_is_chosen_by_the_kind_of_bf16_cpu(monkeypatch
     assert choice["rule"] == rule and choice["precision"] == "bf16" and choice["arch"] == "small"
     assert s["SUBWORD_SAMPLES"] == samples and s["LABEL_SMOOTHING"] == smoothing
     assert s["AVERAGE_LAST"] == average and s["SAVE_INTERVALS"] == intervals and s["VOCAB_TYPE"] == vocab_type
+
+
+# ---------------------------------------------------------------------------------------
+# Multi30k distillation
+# ---------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_multi30k_distill_recipe_distills_trains_both_students_and_prints_one_table(
+        trained_tiny_run: Path, multi30k_dir: Path, tmp_path: Path):
+    teacher = tmp_path / "teacher"
+    shutil.copytree(trained_tiny_run, teacher)
+    assert run_nmt("average-checkpoints", "-r", teacher, "--last", "2").returncode == 0
+    env = {"MULTI30K_DIR": str(multi30k_dir), "TEACHER_RUN": str(teacher), "RUN_DIR": str(tmp_path / "distill"),
+           "SLICE": "1000", "EVAL_LINES": "100", "MAX_UPDATE": "60", "WARMUP": "30", "MAX_TOKENS": "1024", "AVERAGE_LAST": "2",
+           "THREADS": "1"}
+    first = run_recipe("multi30k_distill", env, timeout=900)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "teacher: train it" not in first.stdout  # the teacher's run was there: reused
+    summary = json.loads((tmp_path / "distill/summary.json").read_text())
+    assert summary["distilled"]["lines"] == 1000 and summary["distilled"]["select"] == "chrf"
+    models = summary["models"]
+    assert set(models) == {"teacher", "student", "baseline"}
+    for name, row in models.items():
+        assert row["sentences_per_s_native"] > 0 and row["sentences_per_s_ct2_int8"] > 0, name
+        assert 0 <= row["test_bleu"] <= 100 and row["int8_export_mb"] > 0
+    assert models["student"]["search"] == "--beam 1" and models["teacher"]["search"].startswith("--beam 4")
+    table = first.stdout[first.stdout.index("=== Multi30k"):]
+    assert all(name in table for name in ("teacher", "student", "baseline")) and "sent/s ct2 int8" in table
+    again = run_recipe("multi30k_distill", env, timeout=900)  # nothing retrained, nothing distilled again
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "nothing to do" in again.stderr or "already finished" in again.stderr
+
+
+def test_wmt14_dry_run_with_distill_adds_the_students_steps_after_the_teachers():
+    plan = wmt14_dry_run({"DISTILL": "1", "NUM_GPUS": "8", "RUN_DIR": "runs/w"})
+    teacher_summary = plan.index("] summary")
+    distill = plan.index("$ nmt distill --run-dir runs/w --checkpoint checkpoint_avg.pt")
+    assert teacher_summary < distill
+    assert "--beam 8" in plan[distill:] and "--reference runs/w/text/train.de" in plan[distill:]
+    assert "$ nmt train --run-dir runs/w-student --arch student-tiny" in plan
+    assert "--quantization int8" in plan
+    assert "nmt distill" not in wmt14_dry_run({"NUM_GPUS": "8"})  # the paper's recipe alone by default

@@ -181,6 +181,11 @@ class Translator:
         if requests is not None and any(r.constraints for r in requests) and not self.decoder.constrains:
             raise NmtError("this engine has no constrained search; translate with constraints on --engine nmt")
 
+    def fits(self, lines: Sequence[str]) -> list[bool]:
+        """Whether each raw line fits the model's positions (a longer one is translated cut)."""
+        limit = self.max_positions - 1
+        return [len(seq) <= limit for seq in self._encode(list(lines), side=0)]
+
     def _source_ids(self, lines: Sequence[str]) -> tuple[list[list[int]], int]:
         """The source ids of raw lines, cut to the model's positions, and how many were cut."""
         ids = self._encode(list(lines), side=0)

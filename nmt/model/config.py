@@ -152,12 +152,28 @@ def transformer_big() -> TransformerConfig:
     return TransformerConfig(d_model=1024, d_ff=4096, n_heads=16, dropout=0.3)
 
 
+def student_tiny() -> TransformerConfig:
+    """A distilled student (`nmt distill`): a deep encoder and a shallow decoder, 6+2 layers,
+    d_model 256, d_ff 1536, 8 heads, the size of Bergamot's tiny students (browsermt/students;
+    theirs decode with an SSRU, this one with the paper's decoder layers). The decoder runs once
+    per output token, the encoder once per sentence: its layers are where depth is cheap."""
+    return TransformerConfig(d_model=256, d_ff=1536, n_heads=8, encoder_layers=6, decoder_layers=2, dropout=0.1)
+
+
+def student_mini() -> TransformerConfig:
+    """A student of the Multi30k recipe's CPU teachers (`mini`, `small`): `mini`'s width with
+    one decoder layer, 4+1 layers, d_model 128, d_ff 512, 4 heads."""
+    return TransformerConfig(d_model=128, d_ff=512, n_heads=4, encoder_layers=4, decoder_layers=1, dropout=0.1)
+
+
 ARCHS = {
     "tiny": transformer_tiny,
     "mini": transformer_mini,
     "small": transformer_small,
     "base": transformer_base,
     "big": transformer_big,
+    "student-mini": student_mini,
+    "student-tiny": student_tiny,
 }
 
 
