@@ -63,6 +63,15 @@ def worker_of_rank(agents: list[subprocess.Popen], rank: int) -> psutil.Process:
     return next(w for w in workers_of(agents) if w.environ().get("RANK") == str(rank))
 
 
+def both_ranks_started(agents: list[subprocess.Popen]) -> bool:
+    """Both workers exist and run nmt: a worker between its fork and its exec still has its
+    agent's environment, without RANK."""
+    try:
+        return sorted(w.environ().get("RANK", "") for w in workers_of(agents)) == ["0", "1"]
+    except psutil.Error:
+        return False
+
+
 def logs(run: Path) -> str:
     return "".join(Path(f"{run}.node{i}.log").read_text()[-3000:] for i in range(2))
 
@@ -105,7 +114,7 @@ def paused_mid_run(prepared: Path, tmp_path: Path, victim: int, *torchrun_args: 
     for attempt in range(5):
         run = fresh_copy(prepared, tmp_path / f"run{attempt}")
         agents = start_two_nodes(run, *torchrun_args)
-        wait_until(lambda: len(workers_of(agents)) == 2, timeout=900, poll=0.02)
+        wait_until(lambda: both_ranks_started(agents), timeout=900, poll=0.02)
         worker = worker_of_rank(agents, victim)
         last = run / "checkpoints/checkpoint_last.pt"
         if paused_in_time(worker.pid, last.exists, lambda: saved_update(run) <= MAX_UPDATE - 2 * SAVE_EVERY):
