@@ -172,8 +172,16 @@ def _run_forked(argv: list[str], input: bytes | None, cwd: str | Path | None, en
 
 
 def start_nmt(*args: str, **popen: object) -> subprocess.Popen:
-    """Start the real `nmt` command line in the background (for tests that interrupt it)."""
-    return subprocess.Popen([sys.executable, "-m", "nmt_cli", *map(str, args)], **popen)
+    """Start the real `nmt` command line in the background (for tests that interrupt it), with
+    Ctrl-C (SIGINT) at its default, as a terminal's foreground command has it: a test runner started
+    in the background of a script inherits SIGINT ignored, and would pass that on."""
+    return subprocess.Popen([sys.executable, "-m", "nmt_cli", *map(str, args)], preexec_fn=_default_sigint, **popen)
+
+
+def _default_sigint() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 120, poll: float = 0.01) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, assert_one_line_error, run_nmt
+from conftest import REPO, assert_one_line_error, run_nmt, start_nmt
 from nmt.run.checkpoint import save_checkpoint
 from nmt.run.identity import run_identity
 from nmt.model.transformer import Transformer
@@ -167,8 +167,7 @@ def test_ctrl_c_says_interrupted_and_exits_130(tmp_path):
     stdin stays open until it has exited: closing it earlier could hand a slow machine an end of
     input to act on before the signal, and a line-count error instead of the interrupt."""
     (tmp_path / "ref").write_text("a\nb\n")
-    proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", "score", "--ref", tmp_path / "ref"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = start_nmt("score", "--ref", tmp_path / "ref", stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdin.write(b"a\n")
     proc.stdin.flush()
     deadline = time.monotonic() + 120
@@ -344,9 +343,8 @@ def test_ctrl_c_in_preprocess_leaves_no_staging_folder_nor_lock(tmp_path):
     (the test process was not scheduled in time), it tries again on a corpus four times larger."""
     for lines in (150_000, 600_000, 2_400_000):
         write_corpus(tmp_path / "c", lines)
-        proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", "preprocess", "-s", "en", "-t", "de", "--trainpref",
-                                 tmp_path / "c", "--vocab-size", "40", "-j", "2", "-r", tmp_path / "run"],
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        proc = start_nmt("preprocess", "-s", "en", "-t", "de", "--trainpref", tmp_path / "c", "--vocab-size", "40",
+                         "-j", "2", "-r", tmp_path / "run", stderr=subprocess.PIPE, text=True, start_new_session=True)
         deadline = time.monotonic() + 600
         while not any(tmp_path.glob(".run.preprocess-tmp-*/data/train.en.bin")):
             assert proc.poll() is None and time.monotonic() < deadline, "preprocess ended before binarizing"

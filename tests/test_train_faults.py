@@ -90,3 +90,26 @@ def test_a_read_only_run_dir_is_one_line_and_stays_as_it_was(prepared, tmp_path)
     proc = nmt_with_mount(f"mount --bind -o ro {run} {run}", "train", "-r", run, *TINY, "--max-update", "4")
     assert_one_line_error(proc, "read-only file system", str(run))
     assert snapshot(run) == before
+
+
+def test_ctrl_c_is_taken_by_training_unless_the_process_started_with_it_ignored():
+    """A script's background job (`nmt train ... &`) starts with SIGINT ignored, as the shell asks:
+    training must leave it so (the terminal's Ctrl-C is meant for the script, not the job); in a
+    foreground command the first Ctrl-C asks to save and stop."""
+    import signal
+
+    from nmt.train.loop import InterruptFlag
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with InterruptFlag() as flag:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            signal.raise_signal(signal.SIGINT)
+            assert not flag.raised
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with InterruptFlag() as flag:
+            signal.raise_signal(signal.SIGINT)
+            assert flag.raised
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -160,14 +160,15 @@ class TrainingClock:
 
 class InterruptFlag:
     """The first Ctrl-C asks training to save and stop after the current update; a second one
-    restores Python's default and so stops at once."""
+    restores Python's default and so stops at once. A process started with Ctrl-C ignored (a
+    script's background job, as the shell starts it) keeps ignoring it, as Python itself does."""
 
     def __init__(self) -> None:
         self.raised = False
         self._previous: Any = None
 
     def __enter__(self) -> "InterruptFlag":
-        if threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
             self._previous = signal.signal(signal.SIGINT, self._handle)
         return self
 
