@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, assert_one_line_error, run_nmt, start_nmt
+from conftest import REPO, assert_one_line_error, paused_in_time, run_nmt, start_nmt
 from nmt.run.checkpoint import save_checkpoint
 from nmt.run.identity import run_identity
 from nmt.model.transformer import Transformer
@@ -274,14 +274,21 @@ def test_a_sentence_without_a_finite_hypothesis_is_counted_in_a_warning(trained_
 # -- preprocess leftovers, WordPiece determinism, <unk> ------------------------------------------
 
 def test_a_preprocess_killed_mid_binarize_is_cleaned_up_by_the_next_run(tmp_path):
-    write_corpus(tmp_path / "c", 150_000)
+    """SIGKILL while binarizing: the command is paused the moment binarizing shows and checked to be
+    still mid-work (else, on a machine that let it finish first, tried again on a larger corpus)."""
     args = ["preprocess", "-s", "en", "-t", "de", "--trainpref", tmp_path / "c", "--vocab-size", "40", "-j", "1",
             "-r", tmp_path / "run"]
-    proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", *map(str, args)], stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while not any(tmp_path.glob(".run.preprocess-tmp-*/data/train.en.bin")):  # binarizing now
-        assert proc.poll() is None and time.monotonic() < deadline, "preprocess ended before binarizing"
-        time.sleep(0.005)
+    for lines in (150_000, 600_000, 2_400_000):
+        write_corpus(tmp_path / "c", lines)
+        proc = start_nmt(*args, stderr=subprocess.PIPE)
+        binarizing = lambda: any(tmp_path.glob(".run.preprocess-tmp-*/data/train.en.bin"))  # noqa: E731
+        if paused_in_time(proc.pid, lambda: binarizing() or proc.poll() is not None,
+                          lambda: proc.poll() is None and not (tmp_path / "run").exists(), timeout=600):
+            break
+        proc.communicate(timeout=600)
+        shutil.rmtree(tmp_path / "run", ignore_errors=True)
+    else:
+        pytest.fail("preprocess finished before it could be stopped, three times")
     proc.kill()
     proc.wait()
     assert len(leftovers(tmp_path)) >= 1 and not (tmp_path / "run").exists()
