@@ -6,8 +6,8 @@ RUN_DIR: a trained run; default the Multi30k recipe's runs/multi30k-en-de when i
 checkpoint, else a run with a random `small` model and a BPE vocabulary learned on Multi30k
 train (bench_translate.py's; outputs then limited to the source length, see there).
 
-1. The ceiling: sentences/s of the `nmt translate` command (its own summary line: model
-   loading included, Python start-up not) on the Multi30k test lines, with the same threads
+1. The ceiling: sentences/s of the `nmt translate` command (its own summary line, which counts
+   translating only, not loading) on the Multi30k test lines, with the same threads
    and settings as the server, in a fresh process; measured before and after the server's
    levels, and averaged, as the machine may be shared.
 2. The server: `nmt serve` in a subprocess; for each client count, that many clients send the

@@ -126,11 +126,12 @@ def register(app: typer.Typer) -> None:
             raise NmtError(f"--prefix-file {prefix_file} has {len(prefixes)} lines, but the input has more; "
                            f"give one prefix line per input line (an empty line for none)")
 
-        start = time.perf_counter()
+        loading = time.perf_counter()
         translator = load_translator(run_dir, checkpoints, search, cfg, sampling, alignment)
         say(("checkpoint " if len(translator.checkpoints) == 1 else "ensemble of ")
             + ", ".join(map(str, translator.checkpoints))
-            + f"; decoder {translator.decoder_path}: {DECODER_PATHS[translator.decoder_path]}")
+            + f"; decoder {translator.decoder_path}: {DECODER_PATHS[translator.decoder_path]}"
+            + f"; loaded in {time.perf_counter() - loading:.1f} s")
         if cfg.engine == "ctranslate2":
             say(f"CTranslate2 model {translator.decoder.model_dir}" + (f"; {engine_note}" if engine_note else ""))
         elif translator.decoder.device.type == "cpu":
@@ -138,6 +139,9 @@ def register(app: typer.Typer) -> None:
 
             keep_freed_memory()  # each decoder step frees what the next allocates again (see there)
         freeze_loaded_objects()
+        # The summary's seconds and sentences/s count translating only, from here (as
+        # fairseq-generate's do): loading (torch's import, the checkpoint) is said above.
+        start = time.perf_counter()
 
         out = text_stdout()
         bar = None

@@ -1,13 +1,13 @@
 """`make recipe-multi30k-distill`: a fast student distilled from the Multi30k recipe's teacher.
 
     teacher (the Multi30k recipe's run; trained by it first when missing) ->
-    nmt distill (the training set, beam BEAM, the n-best hypothesis of highest chrF against the reference) ->
+    nmt distill (the training set, beam DISTILL_BEAM, the n-best hypothesis of highest chrF against the reference) ->
     the student: nmt preprocess + train (STUDENT_ARCH, the teacher's budget) + average ->
     the same student architecture on the original data, for the same budget (what distillation adds) ->
     nmt export (int8) of both models -> test_2016_flickr and val BLEU, size and sentences/s -> one table
     (printed, and RUN_DIR/summary.json)
 
-The teacher decodes with beam BEAM, the students greedily; speeds are nmt translate's own
+The table decodes the teacher with beam BEAM, the students greedily; speeds are nmt translate's own
 sentences/s (model loading excluded) on test_2016_flickr, with THREADS threads each, one at a
 time: the native decoder and CTranslate2 (the student's int8 export). Every step is printed as
 its `nmt ...` command; a second run skips what is done.
@@ -41,9 +41,11 @@ SETTINGS: dict[str, Any] = {
     "MAX_UPDATE": 0,              # stop the students after this many updates instead, if sooner
     "MAX_TOKENS": 2048,
     "LR": 2e-3,
+    "AMP": "auto",                # the students' --amp: bf16 where the CPU has bf16 units (as the teacher's recipe)
     "WARMUP": 400,
     "AVERAGE_LAST": 5,            # of the students' interval checkpoints (the budget / 15 each)
-    "BEAM": 4,                    # the teacher's beam, in distillation and in the table
+    "BEAM": 4,                    # the teacher's beam in the table (the paper's)
+    "DISTILL_BEAM": 8,            # the teacher's beam and n-best when it distills (Mozilla's: 8 and 8)
     "LENPEN": 1.4,                # the Multi30k recipe's alpha, for the teacher
     "THREADS": 2,                 # every decoding and training command
     "SLICE": 0,                   # distill only the first N training pairs (tests)
@@ -70,9 +72,9 @@ def build_steps(s: dict[str, Any]) -> list[Step]:
                           describe=f"write {corpus}.{{{src},{tgt}}}"))
     suffix = "" if s["SLICE"] else ".gz"
     distilled = run / "distilled"
-    steps.append(Step(f"distill: the teacher translates the training set (beam {s['BEAM']}, chrF selection)", args=[
+    steps.append(Step(f"distill: the teacher translates the training set (beam {s['DISTILL_BEAM']}, chrF selection)", args=[
         "distill", "--run-dir", teacher, "--checkpoint", "checkpoint_avg.pt", "--source", f"{corpus}.{src}{suffix}",
-        "--reference", f"{corpus}.{tgt}{suffix}", "--beam", s["BEAM"], "--lenpen", s["LENPEN"], "-o", distilled, *threads,
+        "--reference", f"{corpus}.{tgt}{suffix}", "--beam", s["DISTILL_BEAM"], "--lenpen", s["LENPEN"], "-o", distilled, *threads,
     ]))
 
     budget = ["--max-time", s["BUDGET"]] if s["BUDGET"] not in ("", "0") else []
@@ -86,7 +88,7 @@ def build_steps(s: dict[str, Any]) -> list[Step]:
             "--workers", s["THREADS"]]))
         steps.append(Step(f"{name}: train {s['STUDENT_ARCH']} for the teacher's budget", args=[
             "train", "--run-dir", model, "--arch", s["STUDENT_ARCH"], "--max-tokens", s["MAX_TOKENS"], "--lr", s["LR"],
-            "--warmup", s["WARMUP"], "--amp", "none", *budget, *(["--max-update", s["MAX_UPDATE"]] if s["MAX_UPDATE"] else []),
+            "--warmup", s["WARMUP"], "--amp", s["AMP"], *budget, *(["--max-update", s["MAX_UPDATE"]] if s["MAX_UPDATE"] else []),
             "--save-interval-minutes", round(interval, 4), "--keep-last", max(5, s["AVERAGE_LAST"]), *threads]))
         steps.append(Step(f"{name}: average its last {s['AVERAGE_LAST']} checkpoints", prepare=fit_average(s, model, "all"),
                           args=["average-checkpoints", "--run-dir", model, "--last", s["AVERAGE_LAST"], "--kind", "all"]))
@@ -158,7 +160,7 @@ def summarize(s: dict[str, Any]) -> None:
         data = out
     for name, model in models.items():
         state = torch.load(model / "checkpoints/checkpoint_avg.pt", map_location="cpu", weights_only=True)
-        params = sum(t.numel() for t in state["model"].values())
+        params = sum({t.data_ptr(): t.numel() for t in state["model"].values()}.values())  # a tied embedding once
         export = run / "exports" / name
         row: dict[str, Any] = {"run": str(model), "search": " ".join(searches[name]), "parameters": params,
                                "checkpoint_mb": round((model / "checkpoints/checkpoint_avg.pt").stat().st_size / 1e6, 1),

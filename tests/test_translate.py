@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -145,6 +146,16 @@ def test_default_checkpoint_is_avg_then_best_then_last_and_named_on_stderr(run_d
     proc = run_nmt("translate", "--threads", "1", "-r", run, "--max-len-b", "2", input="ein Mann\n")
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.splitlines()[0].startswith(f"nmt translate: checkpoint {ckpt / 'checkpoint_avg.pt'}; decoder ")
+
+
+def test_loading_is_timed_apart_from_the_translating_that_sentences_per_second_counts(run_dir):
+    """fairseq-generate's convention: sentences/s is the search's rate. Counted from the start,
+    it held torch's import and the checkpoint load, which dwarf a small model's translating."""
+    proc = run_nmt("translate", "--threads", "1", "-r", run_dir, "--max-len-b", "2", input="ein Mann\nzwei Hunde\n")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert re.search(r"; loaded in [0-9.]+ s$", lines[0]), lines[0]
+    assert re.fullmatch(r"nmt translate: 2 lines, \d+ target tokens in [0-9.]+ s \([0-9.]+ sentences/s\)", lines[-1]), lines[-1]
 
 
 def test_the_first_line_names_the_decoding_path_and_decoder_chooses_it(run_dir):
