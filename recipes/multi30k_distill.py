@@ -139,6 +139,9 @@ def bleu(hyp: Path, ref: Path, tgt: str) -> float:
 def summarize(s: dict[str, Any]) -> None:
     import torch
 
+    from nmt.model.config import TransformerConfig
+    from nmt.model.transformer import Transformer
+
     src, tgt = s["SRC"], s["TGT"]
     data, run = Path(s["MULTI30K_DIR"]), Path(s["RUN_DIR"])
     threads = ["--threads", str(s["THREADS"])]  # not --quiet: its last line gives sentences/s
@@ -160,7 +163,7 @@ def summarize(s: dict[str, Any]) -> None:
         data = out
     for name, model in models.items():
         state = torch.load(model / "checkpoints/checkpoint_avg.pt", map_location="cpu", weights_only=True)
-        params = sum({t.data_ptr(): t.numel() for t in state["model"].values()}.values())  # a tied embedding once
+        params = sum(p.numel() for p in Transformer(TransformerConfig.from_dict(state["config"])).parameters())  # tied: once
         export = run / "exports" / name
         row: dict[str, Any] = {"run": str(model), "search": " ".join(searches[name]), "parameters": params,
                                "checkpoint_mb": round((model / "checkpoints/checkpoint_avg.pt").stat().st_size / 1e6, 1),
