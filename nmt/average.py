@@ -177,6 +177,15 @@ def _check_same_model(first: Path, config: dict[str, Any], shapes: dict[str, tup
             )
 
 
+def _tied_names(model: dict[str, torch.Tensor]) -> list[list[str]]:
+    """Groups of state names that are one tensor (shared embeddings): torch.save keeps them
+    one storage, and the average should too, or its file holds each tied matrix twice."""
+    groups: dict[tuple, list[str]] = {}
+    for name, t in model.items():
+        groups.setdefault((t.data_ptr(), t.dtype, tuple(t.shape), t.stride()), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
 def _is_average(path: Path) -> bool:
     """Whether `path` is a checkpoint that averaging wrote (only those name what they average)."""
     try:
@@ -271,6 +280,7 @@ def average_checkpoints(paths: Sequence[str | os.PathLike], output: str | os.Pat
     first = paths[0]
     first_ckpt = load_checkpoint(first)
     dtypes = {name: t.dtype for name, t in first_ckpt["model"].items()}
+    ties = _tied_names(first_ckpt["model"])
     total: dict[str, torch.Tensor] = {}
     for name, t in first_ckpt["model"].items():
         if t.is_floating_point():
@@ -301,6 +311,10 @@ def average_checkpoints(paths: Sequence[str | os.PathLike], output: str | os.Pat
     averaged = {}
     for name, t in total.items():
         averaged[name] = t.div_(n).to(dtypes[name]) if t.is_floating_point() else t
+    for names in ties:  # stored once, as training stores a shared embedding
+        if all(torch.equal(averaged[names[0]], averaged[other]) for other in names[1:]):
+            for other in names[1:]:
+                averaged[other] = averaged[names[0]]
 
     out_dir = output.resolve().parent
     averaged_from = [p.name if p.resolve().parent == out_dir else str(p.resolve()) for p in paths]

@@ -109,6 +109,16 @@ def test_last_3_is_the_elementwise_mean_of_the_last_three_checkpoints(run: Path)
     model.load_state_dict(avg["model"])
 
 
+def test_a_shared_embedding_is_stored_once_as_training_stores_it(run: Path):
+    """Averaged tensor by tensor, the tied source/target embedding came out as two tensors, and
+    the average's file held it twice: about a third larger than a checkpoint of a small model."""
+    assert run_nmt("average-checkpoints", "-r", run, "--last", "3").returncode == 0
+    ck = run / "checkpoints"
+    avg = torch.load(ck / "checkpoint_avg.pt", weights_only=True)["model"]
+    assert avg["src_embed.weight"].data_ptr() == avg["tgt_embed.weight"].data_ptr()
+    assert (ck / "checkpoint_avg.pt").stat().st_size <= (ck / "checkpoint2.pt").stat().st_size
+
+
 def test_inputs_lists_several_files_after_one_flag(run: Path, tmp_path: Path):
     ck = run / "checkpoints"
     out = tmp_path / "elsewhere" / "avg.pt"
