@@ -27,6 +27,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if native_module() is None:
         os.environ[DISABLE_ENV] = "0"
+    _one_thread_per_worker()
+
+
+def _one_thread_per_worker() -> None:
+    """With a test worker per core (`make test`: TEST_WORKERS 2), PyTorch's default of a thread per core
+    in each worker oversubscribes the cores: an OpenMP team spins at every small op for a thread
+    the other worker's process holds off its core, and a 2-second in-process training test took
+    16-23 s. So each worker's own torch gets one thread; a test about threads sets its own. The
+    `nmt` commands the tests start keep their defaults."""
+    import torch
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and workers >= (os.cpu_count() or 1):
+        torch.set_num_threads(1)
 
 
 @pytest.fixture
