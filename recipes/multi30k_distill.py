@@ -140,7 +140,7 @@ def summarize(s: dict[str, Any]) -> None:
     import torch
 
     from nmt.model.config import TransformerConfig
-    from nmt.model.transformer import Transformer
+    from nmt.model.transformer import Transformer, count_parameters
 
     src, tgt = s["SRC"], s["TGT"]
     data, run = Path(s["MULTI30K_DIR"]), Path(s["RUN_DIR"])
@@ -163,7 +163,7 @@ def summarize(s: dict[str, Any]) -> None:
         data = out
     for name, model in models.items():
         state = torch.load(model / "checkpoints/checkpoint_avg.pt", map_location="cpu", weights_only=True)
-        params = sum(p.numel() for p in Transformer(TransformerConfig.from_dict(state["config"])).parameters())  # tied: once
+        params = count_parameters(Transformer(TransformerConfig.from_dict(state["config"])))  # a tied embedding once
         export = run / "exports" / name
         row: dict[str, Any] = {"run": str(model), "search": " ".join(searches[name]), "parameters": params,
                                "checkpoint_mb": round((model / "checkpoints/checkpoint_avg.pt").stat().st_size / 1e6, 1),

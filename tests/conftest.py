@@ -205,23 +205,26 @@ def wait_until(condition: Callable[[], bool], timeout: float = 120, poll: float 
         time.sleep(poll)
 
 
-def paused_in_time(pid: int, reached: Callable[[], bool], in_time: Callable[[], bool], timeout: float = 900) -> bool:
-    """Wait until `reached()`, then pause process `pid` (SIGSTOP) and say whether `in_time()` still
-    holds: a test that signals a run "mid-work" checks that it is, with the run frozen, instead of
-    assuming that this process was scheduled in time (a loaded machine can let the run finish
-    first). True: the process stays paused, for the caller to signal and `os.kill(pid, SIGCONT)`.
-    False: it was resumed; the caller starts again on a fresh copy."""
+def paused_in_time(pid: int, reached: Callable[[], bool], in_time: Callable[[], bool], timeout: float = 900,
+                   group: bool = False) -> bool:
+    """Wait until `reached()`, then pause process `pid` (SIGSTOP; with `group`, its whole process
+    group, workers included) and say whether `in_time()` still holds: a test that signals a run
+    "mid-work" checks that it is, with the run frozen, instead of assuming that this process was
+    scheduled in time (a loaded machine can let the run finish first). True: the process stays
+    paused, for the caller to signal and resume (SIGCONT). False: it was resumed; the caller
+    starts again on a fresh copy."""
     import signal
 
+    send = os.killpg if group else os.kill
     wait_until(reached, timeout=timeout, poll=0.005)
     try:
-        os.kill(pid, signal.SIGSTOP)
+        send(pid, signal.SIGSTOP)
     except ProcessLookupError:  # it exited, and was reaped
         return False
     if in_time():
         return True
     with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGCONT)
+        send(pid, signal.SIGCONT)
     return False
 
 

@@ -273,32 +273,46 @@ def test_a_sentence_without_a_finite_hypothesis_is_counted_in_a_warning(trained_
 
 # -- preprocess leftovers, WordPiece determinism, <unk> ------------------------------------------
 
-def test_a_preprocess_killed_mid_binarize_is_cleaned_up_by_the_next_run(tmp_path):
-    """SIGKILL while binarizing: the command is paused the moment binarizing shows and checked to be
-    still mid-work (else, on a machine that let it finish first, tried again on a larger corpus)."""
-    args = ["preprocess", "-s", "en", "-t", "de", "--trainpref", tmp_path / "c", "--vocab-size", "40", "-j", "1",
-            "-r", tmp_path / "run"]
+def preprocess_args(tmp_path: Path, *args: str) -> list:
+    """`nmt preprocess` of the corpus tmp_path/c.{en,de} into tmp_path/run."""
+    return ["preprocess", "-s", "en", "-t", "de", "--trainpref", tmp_path / "c", "--vocab-size", "40", "-r", tmp_path / "run",
+            *args]
+
+
+def preprocess_paused_mid_binarize(tmp_path: Path, *args: str, group: bool = False, **popen) -> subprocess.Popen:
+    """`nmt preprocess ARGS` on tmp_path/c into tmp_path/run, paused (SIGSTOP; with `group`, its
+    workers too) the moment binarizing shows and checked to be still mid-work; where the whole
+    command had already finished by then (this process was not scheduled in time), it tries
+    again on a corpus four times larger. The caller signals it and resumes it (SIGCONT)."""
+
+    def binarizing() -> bool:
+        return any(tmp_path.glob(".run.preprocess-tmp-*/data/train.en.bin"))
+
     for lines in (150_000, 600_000, 2_400_000):
         write_corpus(tmp_path / "c", lines)
-        proc = start_nmt(*args, stderr=subprocess.PIPE)
-        binarizing = lambda: any(tmp_path.glob(".run.preprocess-tmp-*/data/train.en.bin"))  # noqa: E731
+        proc = start_nmt(*preprocess_args(tmp_path, *args), stderr=subprocess.PIPE, start_new_session=group, **popen)
         if paused_in_time(proc.pid, lambda: binarizing() or proc.poll() is not None,
-                          lambda: proc.poll() is None and not (tmp_path / "run").exists(), timeout=600):
-            break
+                          lambda: proc.poll() is None and not (tmp_path / "run").exists(), timeout=600, group=group):
+            return proc
         proc.communicate(timeout=600)
         shutil.rmtree(tmp_path / "run", ignore_errors=True)
-    else:
-        pytest.fail("preprocess finished before it could be stopped, three times")
+    pytest.fail("preprocess finished before it could be stopped, three times")
+
+
+def test_a_preprocess_killed_mid_binarize_is_cleaned_up_by_the_next_run(tmp_path):
+    """SIGKILL while binarizing (the run paused mid-work first: preprocess_paused_mid_binarize)."""
+    proc = preprocess_paused_mid_binarize(tmp_path, "-j", "1")
     proc.kill()
     proc.wait()
     assert len(leftovers(tmp_path)) >= 1 and not (tmp_path / "run").exists()
 
-    again = run_nmt(*args)
+    again = run_nmt(*preprocess_args(tmp_path, "-j", "1"))
     assert again.returncode == 0, again.stderr
     assert "removed 1 staging folder(s) left by an interrupted preprocess" in again.stderr
     assert "no longer running" in again.stderr  # the killed run's lock file, taken over
     assert leftovers(tmp_path) == [] and not (tmp_path / ".run.lock").exists()
-    assert RunDir(tmp_path / "run").read_record("preprocess")["splits"]["train"]["pairs"] == 150_000
+    pairs = sum(1 for _ in open(tmp_path / "c.en", encoding="utf-8"))  # 150,000 unless a retry grew it
+    assert RunDir(tmp_path / "run").read_record("preprocess")["splits"]["train"]["pairs"] == pairs
 
 
 def test_wordpiece_vocabularies_are_identical_for_the_same_input(tmp_path):
@@ -348,22 +362,7 @@ def test_ctrl_c_in_preprocess_leaves_no_staging_folder_nor_lock(tmp_path):
     (SIGSTOP, as Ctrl-Z does) the moment binarizing shows, so that the interrupt lands mid-work
     however slow or loaded the machine; where the whole command had already finished by then
     (the test process was not scheduled in time), it tries again on a corpus four times larger."""
-    for lines in (150_000, 600_000, 2_400_000):
-        write_corpus(tmp_path / "c", lines)
-        proc = start_nmt("preprocess", "-s", "en", "-t", "de", "--trainpref", tmp_path / "c", "--vocab-size", "40",
-                         "-j", "2", "-r", tmp_path / "run", stderr=subprocess.PIPE, text=True, start_new_session=True)
-        deadline = time.monotonic() + 600
-        while not any(tmp_path.glob(".run.preprocess-tmp-*/data/train.en.bin")):
-            assert proc.poll() is None and time.monotonic() < deadline, "preprocess ended before binarizing"
-            time.sleep(0.005)
-        os.killpg(proc.pid, signal.SIGSTOP)
-        if proc.poll() is None and not (tmp_path / "run").exists():
-            break  # stopped while binarizing
-        os.killpg(proc.pid, signal.SIGCONT)
-        proc.communicate(timeout=600)
-        shutil.rmtree(tmp_path / "run", ignore_errors=True)
-    else:
-        pytest.fail("preprocess finished before it could be stopped, three times")
+    proc = preprocess_paused_mid_binarize(tmp_path, "-j", "2", group=True, text=True)
     proc.send_signal(signal.SIGINT)
     os.killpg(proc.pid, signal.SIGCONT)
     _, err = proc.communicate(timeout=300)
