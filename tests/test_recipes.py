@@ -29,9 +29,11 @@ HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
 def run_recipe(name: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run recipes/NAME.py with `env` added to a clean environment (no inherited recipe settings)."""
+    """Run recipes/NAME.py with `env` added to a clean environment (no inherited recipe settings),
+    its `nmt` commands forked by tests/recipe_runner.py unless NMT_TEST_FORK=0."""
     base = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH")}
-    return subprocess.run([sys.executable, str(RECIPES / f"{name}.py")], env={**base, **env}, cwd=REPO,
+    runner = [] if os.environ.get("NMT_TEST_FORK", "1") == "0" else [str(REPO / "tests" / "recipe_runner.py")]
+    return subprocess.run([sys.executable, *runner, str(RECIPES / f"{name}.py")], env={**base, **env}, cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
 
 

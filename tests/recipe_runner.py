@@ -1,0 +1,66 @@
+"""`python tests/recipe_runner.py recipes/NAME.py`: run a recipe as `python recipes/NAME.py` would,
+with its `nmt` commands forked from a fork server (tests/zygote.py) instead of each started as
+`python -m nmt_cli`, which pays a Python start and `import torch`. A recipe test starts dozens of
+commands; each is still its own process, with the recipe's environment, arguments and output
+files. Nothing of the recipe is changed: `subprocess.run` and `subprocess.call` are wrapped, and
+any other program they start (a recipe running another recipe) is started as usual.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+TESTS = Path(__file__).resolve().parent
+NMT = [sys.executable, "-m", "nmt_cli"]
+
+_run, _call = subprocess.run, subprocess.call
+
+
+def _forked(argv: list[str], stdout: Any = None, stderr: Any = None, capture_output: bool = False,
+            text: bool = False, check: bool = False, env: dict[str, str] | None = None, cwd: Any = None,
+            timeout: float | None = None) -> subprocess.CompletedProcess:
+    """`subprocess.run(argv, ...)` of an `nmt` command, forked; its output goes where the call sent it."""
+    from conftest import _run_forked
+
+    out, err, code = _run_forked(argv[len(NMT):], None, cwd, dict(os.environ if env is None else env), timeout or 3600)
+    if not capture_output:
+        for data, target, default in ((out, stdout, sys.stdout), (err, stderr, sys.stderr)):
+            default.flush()
+            if target is None:
+                default.buffer.write(data)
+                default.flush()
+            else:
+                target.write(data)
+                target.flush()
+        out = err = None
+    elif text:
+        out, err = out.decode("utf-8", errors="replace"), err.decode("utf-8", errors="replace")
+    if check and code != 0:
+        raise subprocess.CalledProcessError(code, argv, out, err)
+    return subprocess.CompletedProcess(argv, code, out, err)
+
+
+def run(argv: Any, *args: Any, **kwargs: Any) -> subprocess.CompletedProcess:
+    if args or not isinstance(argv, list) or [str(a) for a in argv[:len(NMT)]] != NMT:
+        return _run(argv, *args, **kwargs)
+    return _forked([str(a) for a in argv], **kwargs)
+
+
+def call(argv: Any, *args: Any, **kwargs: Any) -> int:
+    if args or not isinstance(argv, list) or [str(a) for a in argv[:len(NMT)]] != NMT:
+        return _call(argv, *args, **kwargs)
+    return _forked([str(a) for a in argv], **kwargs).returncode
+
+
+if __name__ == "__main__":
+    recipe = Path(sys.argv[1]).resolve()
+    sys.argv = [str(recipe), *sys.argv[2:]]
+    sys.path[0] = str(recipe.parent)  # as `python recipes/NAME.py` starts: the recipe's folder first
+    sys.path.append(str(TESTS))
+    subprocess.run, subprocess.call = run, call
+    runpy.run_path(str(recipe), run_name="__main__")
