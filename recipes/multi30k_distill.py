@@ -26,7 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from common import RecipeError, Step, fit_average, main_guard, run_steps, settings_from_env, write_json
+from common import (RecipeError, Step, fit_average, flag_value, main_guard, parse_setting, run_steps, settings_from_env,
+                    write_json)
 from multi30k import write_slice
 
 PROG = "recipes/multi30k_distill.py"
@@ -40,6 +41,13 @@ SETTINGS: dict[str, Any] = {
     "BUDGET": "",                 # the students' training budget (default: the teacher's, from its summary.json)
     "MAX_UPDATE": 0,              # stop the students after this many updates instead, if sooner
     "MAX_TOKENS": 2048,
+    # the students' regularization; each left empty is the teacher recipe's choice for this machine (its
+    # summary.json), so students and teacher train alike: dropout, label smoothing, vocabulary, subword samples
+    "DROPOUT": "",
+    "LABEL_SMOOTHING": "",
+    "VOCAB_TYPE": "",
+    "SUBWORD_SAMPLES": "",
+    "SUBWORD_ALPHA": "",
     "LR": 2e-3,
     "AMP": "auto",                # the students' --amp: bf16 where the CPU has bf16 units (as the teacher's recipe)
     "WARMUP": 400,
@@ -85,10 +93,13 @@ def build_steps(s: dict[str, Any]) -> list[Step]:
         steps.append(Step(f"{name}: preprocess {what}", args=[
             "preprocess", "--run-dir", model, "--source-lang", src, "--target-lang", tgt, "--trainpref", train,
             "--validpref", data / "val", "--testpref", data / "test_2016_flickr", "--vocab-size", 8000,
+            "--vocab-type", s["VOCAB_TYPE"], *(["--subword-samples", s["SUBWORD_SAMPLES"], "--subword-alpha",
+                                               flag_value(s["SUBWORD_ALPHA"])] if s["SUBWORD_SAMPLES"] else []),
             "--workers", s["THREADS"]]))
         steps.append(Step(f"{name}: train {s['STUDENT_ARCH']} for the teacher's budget", args=[
             "train", "--run-dir", model, "--arch", s["STUDENT_ARCH"], "--max-tokens", s["MAX_TOKENS"], "--lr", s["LR"],
-            "--warmup", s["WARMUP"], "--amp", s["AMP"], *budget, *(["--max-update", s["MAX_UPDATE"]] if s["MAX_UPDATE"] else []),
+            "--warmup", s["WARMUP"], "--dropout", flag_value(s["DROPOUT"]),
+            "--label-smoothing", flag_value(s["LABEL_SMOOTHING"]), "--amp", s["AMP"], *budget, *(["--max-update", s["MAX_UPDATE"]] if s["MAX_UPDATE"] else []),
             "--save-interval-minutes", round(interval, 4), "--keep-last", max(5, s["AVERAGE_LAST"]), *threads]))
         steps.append(Step(f"{name}: average its last {s['AVERAGE_LAST']} checkpoints", prepare=fit_average(s, model, "all"),
                           args=["average-checkpoints", "--run-dir", model, "--last", s["AVERAGE_LAST"], "--kind", "all"]))
@@ -180,7 +191,7 @@ def summarize(s: dict[str, Any]) -> None:
         rows[name] = row
     teacher = rows["teacher"]
     summary = {"recipe": "multi30k_distill", "threads": s["THREADS"], "student_arch": s["STUDENT_ARCH"],
-               "budget": s["BUDGET"], "distilled": json.loads((run / "distilled/summary.json").read_text()), "models": rows,
+               "budget": s["BUDGET"], "student_settings": {name: s[name] for name in TEACHER_DEFAULTS}, "distilled": json.loads((run / "distilled/summary.json").read_text()), "models": rows,
                "student_speedup_native": round(rows["student"]["sentences_per_s_native"] / teacher["sentences_per_s_native"], 2),
                "student_ct2_int8_speedup_over_teacher_native": round(
                    rows["student"]["sentences_per_s_ct2_int8"] / teacher["sentences_per_s_native"], 2),
@@ -200,6 +211,11 @@ def summarize(s: dict[str, Any]) -> None:
     print(f"written: {run / 'summary.json'}", flush=True)
 
 
+TEACHER_DEFAULTS: dict[str, Any] = {"BUDGET": "30m", "DROPOUT": 0.1, "LABEL_SMOOTHING": 0.1, "VOCAB_TYPE": "bpe",
+                                    "SUBWORD_SAMPLES": 0, "SUBWORD_ALPHA": 0.1}
+"""Settings the students take from the teacher's run (its summary.json), and what they are without one."""
+
+
 def settings() -> dict[str, Any]:
     s = settings_from_env(SETTINGS)
     if not s["MULTI30K_DIR"]:
@@ -207,10 +223,12 @@ def settings() -> dict[str, Any]:
                           "(e.g. ../shared/data/multi30k)")
     s["TEACHER_RUN"] = s["TEACHER_RUN"] or f"runs/multi30k-{s['SRC']}-{s['TGT']}"
     s["RUN_DIR"] = s["RUN_DIR"] or f"runs/multi30k-distill-{s['SRC']}-{s['TGT']}"
-    if not s["BUDGET"]:
-        teacher_summary = Path(s["TEACHER_RUN"]) / "summary.json"
-        s["BUDGET"] = (json.loads(teacher_summary.read_text())["settings"]["BUDGET"] if teacher_summary.is_file()
-                       else "30m")
+    teacher_summary = Path(s["TEACHER_RUN"]) / "summary.json"
+    teacher = json.loads(teacher_summary.read_text()) if teacher_summary.is_file() else {"settings": {}}
+    for name, default in TEACHER_DEFAULTS.items():  # what the teacher's recipe chose, else its fixed default
+        if s[name] == "":
+            s[name] = teacher["settings"].get(name, default)
+        s[name] = parse_setting(name, str(s[name]), default)
     return s
 
 
@@ -218,6 +236,8 @@ def main() -> None:
     s = settings()
     print(f"Multi30k {s['SRC']}->{s['TGT']} distillation in {s['RUN_DIR']}: teacher {s['TEACHER_RUN']}, students "
           f"{s['STUDENT_ARCH']} for {s['BUDGET']}" + (f" or {s['MAX_UPDATE']} updates" if s["MAX_UPDATE"] else "")
+          + f" (dropout {s['DROPOUT']}, label smoothing {s['LABEL_SMOOTHING']}, {s['VOCAB_TYPE']} vocabulary, "
+            f"{s['SUBWORD_SAMPLES']} subword samples: the teacher recipe's where its summary.json says)"
           + (" (dry run: nothing is executed)" if s["DRY_RUN"] else ""), flush=True)
     run_steps(build_steps(s), s["DRY_RUN"])
 
