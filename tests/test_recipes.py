@@ -1,7 +1,8 @@
 """The recipes end to end: Multi30k on a slice of the real data, WMT14 on a tiny fake corpus.
 
 System tests in the sockeye sense: they run `recipes/*.py` as a user would (a subprocess,
-settings in the environment) and check what lands in the run directory. Never a real host:
+settings in the environment; its `nmt` commands forked by tests/recipe_runner.py, each still its
+own process) and check what lands in the run directory. Never a real host:
 downloads are pointed at 127.0.0.1:9, where nothing listens.
 """
 
@@ -535,3 +536,31 @@ def test_wmt14_dry_run_with_distill_adds_the_students_steps_after_the_teachers()
     assert "$ nmt train --run-dir runs/w-student --arch student-tiny" in plan
     assert "--quantization int8" in plan
     assert "nmt distill" not in wmt14_dry_run({"NUM_GPUS": "8"})  # the paper's recipe alone by default
+
+
+def test_multi30k_distill_students_train_as_the_teachers_recipe_chose_unless_told(tmp_path: Path):
+    """The students take the teacher recipe's regularization for the machine (its summary.json),
+    as they take its budget; a setting given in the environment wins; without a summary, the
+    fixed defaults."""
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    (teacher / "summary.json").write_text(json.dumps({"settings": {
+        "BUDGET": "7m", "DROPOUT": 0.2, "LABEL_SMOOTHING": 0.2, "VOCAB_TYPE": "unigram", "SUBWORD_SAMPLES": 30,
+        "SUBWORD_ALPHA": 0.1}}))
+    env = {"DRY_RUN": "1", "MULTI30K_DIR": str(tmp_path), "TEACHER_RUN": str(teacher), "RUN_DIR": str(tmp_path / "d")}
+
+    def train_and_preprocess(proc: subprocess.CompletedProcess) -> tuple[str, str]:
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        return (next(l for l in lines if l.startswith("$ nmt train --run-dir") and "/student " in l),
+                next(l for l in lines if l.startswith("$ nmt preprocess --run-dir") and "/student " in l))
+
+    train, preprocess = train_and_preprocess(run_recipe("multi30k_distill", env))
+    assert "--dropout 0.2 --label-smoothing 0.2" in train and "--max-time 7m" in train
+    assert "--vocab-type unigram --subword-samples 30 --subword-alpha 0.1" in preprocess
+    train, _ = train_and_preprocess(run_recipe("multi30k_distill", {**env, "DROPOUT": "0.3"}))
+    assert "--dropout 0.3 --label-smoothing 0.2" in train
+    (teacher / "summary.json").unlink()
+    train, preprocess = train_and_preprocess(run_recipe("multi30k_distill", env))
+    assert "--dropout 0.1 --label-smoothing 0.1" in train and "--max-time 30m" in train
+    assert "--vocab-type bpe" in preprocess and "--subword-samples" not in preprocess
