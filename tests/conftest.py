@@ -244,7 +244,8 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Calla
     for it and use it (read it only: copy it to change it)."""
     import fcntl
 
-    shared = tmp_path_factory.getbasetemp().parent / "built-once"
+    base = tmp_path_factory.getbasetemp()  # under xdist, one per worker: their parent is this test run's
+    shared = (base.parent if "PYTEST_XDIST_WORKER" in os.environ else base) / "built-once"
     shared.mkdir(exist_ok=True)
     folder, done = shared / name, shared / f"{name}.done"
     with open(shared / f"{name}.lock", "w") as lock:

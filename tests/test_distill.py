@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -118,6 +119,16 @@ def test_a_distillation_killed_mid_corpus_resumes_to_identical_output_without_re
     assert {f.name: f.stat().st_mtime_ns for f in done() if f.name in finished} == finished  # not redone
     for name in ("train.en", "train.de", "summary.json"):
         assert (out / name).read_bytes() == (distilled / name).read_bytes().replace(str(distilled).encode(), str(out).encode())
+
+
+def test_a_finished_distillation_moved_elsewhere_names_where_its_files_are_now(trained_tiny_run, corpus, distilled, tmp_path):
+    moved = shutil.copytree(distilled, tmp_path / "moved")
+    proc = run_nmt("distill", "-r", trained_tiny_run, "--source", corpus[0], "--reference", corpus[1], "-o", moved,
+                   "--threads", "1", "--chunk-lines", "64")
+    assert proc.returncode == 0, proc.stderr
+    said = " ".join(proc.stderr.split())
+    assert "5 of 5 chunks already done" in said and f"-> {moved / 'train.en'}, {moved / 'train.de'}" in said
+    assert str(distilled) not in said
 
 
 def test_two_processes_give_the_output_of_one(trained_tiny_run, corpus, distilled, tmp_path):

@@ -137,7 +137,8 @@ def distill(run_dir: str | Path, source: str | Path, out: str | Path, *, referen
         return {}
     joined = [out / SUMMARY, out / f"train.{src_lang}", out / f"train.{tgt_lang}"]
     if all(p.is_file() for p in joined):  # done before: its files stay as they are (and their times)
-        return json.loads(joined[0].read_text(encoding="utf-8"))
+        summary = json.loads(joined[0].read_text(encoding="utf-8"))
+        return {**summary, "source": str(joined[1]), "target": str(joined[2])}  # where they are now, if moved
     return _join(job, src_lang, tgt_lang)
 
 
