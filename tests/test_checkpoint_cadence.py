@@ -74,7 +74,7 @@ def test_minute_interval_checkpoints_follow_the_training_clock_not_the_epochs(pr
 def test_max_time_is_a_budget_that_counts_validation(prepared, tmp_path):  # noqa: F811
     """`--max-time` ends the run within the budget plus one update and one validation."""
     run = fresh_copy(prepared, tmp_path / "run")
-    budget = 20.0
+    budget = 8.0
     proc = run_nmt("train", "-r", run, *BASE, "--save-interval-minutes", "0", "--max-time", f"{budget:g}s",
                    "--validate-interval-updates", "5", "--log-interval", "1")
     assert proc.returncode == 0, proc.stderr
