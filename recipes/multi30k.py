@@ -131,6 +131,12 @@ def fetch_data(s: dict[str, Any], raw_dir: Path) -> None:
             raise RecipeError(f"{base + path.name} did not download as a gzip file ({e}); re-run, or set MULTI30K_DIR") from None
 
 
+def vocabulary_args(s: dict[str, Any]) -> list[Any]:
+    """`nmt preprocess`'s vocabulary type and subword sampling flags for settings `s`."""
+    sampling = ["--subword-samples", s["SUBWORD_SAMPLES"], "--subword-alpha", flag_value(s["SUBWORD_ALPHA"])]
+    return ["--vocab-type", s["VOCAB_TYPE"], *(sampling if s["SUBWORD_SAMPLES"] else [])]
+
+
 def write_slice(src_dir: Path, out_dir: Path, langs: tuple[str, str], n: int) -> None:
     """The first `n` training pairs as plain text; written once, so preprocessing stays a no-op."""
     for lang in langs:
@@ -180,9 +186,7 @@ def build_steps(s: dict[str, Any]) -> list[Step]:
     steps.append(Step(f"preprocess: joint {s['VOCAB_TYPE']} vocabulary and binarized data (a no-op if already done)", args=[
         "preprocess", "--run-dir", run, "--source-lang", src, "--target-lang", tgt,
         "--trainpref", train_dir / "train", "--validpref", data_dir / SPLITS["valid"],
-        "--testpref", data_dir / SPLITS["test"], "--vocab-size", s["VOCAB"], "--vocab-type", s["VOCAB_TYPE"],
-        *(["--subword-samples", s["SUBWORD_SAMPLES"], "--subword-alpha", flag_value(s["SUBWORD_ALPHA"])]
-          if s["SUBWORD_SAMPLES"] else []),
+        "--testpref", data_dir / SPLITS["test"], "--vocab-size", s["VOCAB"], *vocabulary_args(s),
         *(["--workers", str(s["THREADS"])] if s["THREADS"] else []),
     ]))
 

@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 from common import (RecipeError, Step, fit_average, flag_value, main_guard, parse_setting, run_steps, settings_from_env,
                     write_json)
-from multi30k import write_slice
+from multi30k import vocabulary_args, write_slice
 
 PROG = "recipes/multi30k_distill.py"
 SETTINGS: dict[str, Any] = {
@@ -93,13 +93,12 @@ def build_steps(s: dict[str, Any]) -> list[Step]:
         steps.append(Step(f"{name}: preprocess {what}", args=[
             "preprocess", "--run-dir", model, "--source-lang", src, "--target-lang", tgt, "--trainpref", train,
             "--validpref", data / "val", "--testpref", data / "test_2016_flickr", "--vocab-size", 8000,
-            "--vocab-type", s["VOCAB_TYPE"], *(["--subword-samples", s["SUBWORD_SAMPLES"], "--subword-alpha",
-                                               flag_value(s["SUBWORD_ALPHA"])] if s["SUBWORD_SAMPLES"] else []),
-            "--workers", s["THREADS"]]))
+            *vocabulary_args(s), "--workers", s["THREADS"]]))
         steps.append(Step(f"{name}: train {s['STUDENT_ARCH']} for the teacher's budget", args=[
             "train", "--run-dir", model, "--arch", s["STUDENT_ARCH"], "--max-tokens", s["MAX_TOKENS"], "--lr", s["LR"],
-            "--warmup", s["WARMUP"], "--dropout", flag_value(s["DROPOUT"]),
-            "--label-smoothing", flag_value(s["LABEL_SMOOTHING"]), "--amp", s["AMP"], *budget, *(["--max-update", s["MAX_UPDATE"]] if s["MAX_UPDATE"] else []),
+            "--warmup", s["WARMUP"], "--dropout", flag_value(s["DROPOUT"]), "--label-smoothing",
+            flag_value(s["LABEL_SMOOTHING"]), "--amp", s["AMP"], *budget,
+            *(["--max-update", s["MAX_UPDATE"]] if s["MAX_UPDATE"] else []),
             "--save-interval-minutes", round(interval, 4), "--keep-last", max(5, s["AVERAGE_LAST"]), *threads]))
         steps.append(Step(f"{name}: average its last {s['AVERAGE_LAST']} checkpoints", prepare=fit_average(s, model, "all"),
                           args=["average-checkpoints", "--run-dir", model, "--last", s["AVERAGE_LAST"], "--kind", "all"]))
@@ -191,7 +190,8 @@ def summarize(s: dict[str, Any]) -> None:
         rows[name] = row
     teacher = rows["teacher"]
     summary = {"recipe": "multi30k_distill", "threads": s["THREADS"], "student_arch": s["STUDENT_ARCH"],
-               "budget": s["BUDGET"], "student_settings": {name: s[name] for name in TEACHER_DEFAULTS}, "distilled": json.loads((run / "distilled/summary.json").read_text()), "models": rows,
+               "budget": s["BUDGET"], "student_settings": {name: s[name] for name in TEACHER_DEFAULTS},
+               "distilled": json.loads((run / "distilled/summary.json").read_text()), "models": rows,
                "student_speedup_native": round(rows["student"]["sentences_per_s_native"] / teacher["sentences_per_s_native"], 2),
                "student_ct2_int8_speedup_over_teacher_native": round(
                    rows["student"]["sentences_per_s_ct2_int8"] / teacher["sentences_per_s_native"], 2),
@@ -216,6 +216,17 @@ TEACHER_DEFAULTS: dict[str, Any] = {"BUDGET": "30m", "DROPOUT": 0.1, "LABEL_SMOO
 """Settings the students take from the teacher's run (its summary.json), and what they are without one."""
 
 
+def _teacher_settings(summary: Path) -> dict[str, Any]:
+    """The settings the teacher's recipe ran with (its summary.json), or none without one."""
+    if not summary.is_file():
+        return {}
+    try:
+        return json.loads(summary.read_text(encoding="utf-8")).get("settings", {})
+    except (ValueError, AttributeError):
+        raise RecipeError(f"{summary} is not a recipe summary (damaged?); re-run the teacher's recipe to write it "
+                          f"again, or set BUDGET and the students' settings") from None
+
+
 def settings() -> dict[str, Any]:
     s = settings_from_env(SETTINGS)
     if not s["MULTI30K_DIR"]:
@@ -223,11 +234,10 @@ def settings() -> dict[str, Any]:
                           "(e.g. ../shared/data/multi30k)")
     s["TEACHER_RUN"] = s["TEACHER_RUN"] or f"runs/multi30k-{s['SRC']}-{s['TGT']}"
     s["RUN_DIR"] = s["RUN_DIR"] or f"runs/multi30k-distill-{s['SRC']}-{s['TGT']}"
-    teacher_summary = Path(s["TEACHER_RUN"]) / "summary.json"
-    teacher = json.loads(teacher_summary.read_text()) if teacher_summary.is_file() else {"settings": {}}
+    teacher = _teacher_settings(Path(s["TEACHER_RUN"]) / "summary.json")
     for name, default in TEACHER_DEFAULTS.items():  # what the teacher's recipe chose, else its fixed default
         if s[name] == "":
-            s[name] = teacher["settings"].get(name, default)
+            s[name] = teacher.get(name, default)
         s[name] = parse_setting(name, str(s[name]), default)
     return s
 

@@ -45,16 +45,17 @@ def _forked(argv: list[str], stdout: Any = None, stderr: Any = None, capture_out
     return subprocess.CompletedProcess(argv, code, out, err)
 
 
+def _nmt_command(argv: Any, args: tuple) -> bool:
+    """Whether a run/call starts `python -m nmt_cli ...` (given as a list, options as keywords)."""
+    return not args and isinstance(argv, list) and [str(a) for a in argv[:len(NMT)]] == NMT
+
+
 def run(argv: Any, *args: Any, **kwargs: Any) -> subprocess.CompletedProcess:
-    if args or not isinstance(argv, list) or [str(a) for a in argv[:len(NMT)]] != NMT:
-        return _run(argv, *args, **kwargs)
-    return _forked([str(a) for a in argv], **kwargs)
+    return _forked([str(a) for a in argv], **kwargs) if _nmt_command(argv, args) else _run(argv, *args, **kwargs)
 
 
 def call(argv: Any, *args: Any, **kwargs: Any) -> int:
-    if args or not isinstance(argv, list) or [str(a) for a in argv[:len(NMT)]] != NMT:
-        return _call(argv, *args, **kwargs)
-    return _forked([str(a) for a in argv], **kwargs).returncode
+    return _forked([str(a) for a in argv], **kwargs).returncode if _nmt_command(argv, args) else _call(argv, *args, **kwargs)
 
 
 if __name__ == "__main__":

@@ -560,6 +560,12 @@ def test_multi30k_distill_students_train_as_the_teachers_recipe_chose_unless_tol
     assert "--vocab-type unigram --subword-samples 30 --subword-alpha 0.1" in preprocess
     train, _ = train_and_preprocess(run_recipe("multi30k_distill", {**env, "DROPOUT": "0.3"}))
     assert "--dropout 0.3 --label-smoothing 0.2" in train
+    (teacher / "summary.json").write_text('{"settings": {"BUDGET": "7')  # damaged: one line, no traceback
+    damaged = run_recipe("multi30k_distill", env)
+    assert damaged.returncode == 1 and "Traceback" not in damaged.stderr
+    assert stderr_lines(damaged) == [f"recipes/multi30k_distill.py: error: {teacher / 'summary.json'} is not a recipe "
+                                     f"summary (damaged?); re-run the teacher's recipe to write it again, or set BUDGET "
+                                     f"and the students' settings"]
     (teacher / "summary.json").unlink()
     train, preprocess = train_and_preprocess(run_recipe("multi30k_distill", env))
     assert "--dropout 0.1 --label-smoothing 0.1" in train and "--max-time 30m" in train
