@@ -44,6 +44,7 @@ SETTINGS: dict[str, Any] = {
     # the students' regularization; each left empty is the teacher recipe's choice for this machine (its
     # summary.json), so students and teacher train alike: dropout, label smoothing, vocabulary, subword samples
     "DROPOUT": "",
+    "VOCAB": "",                  # joint vocabulary size
     "LABEL_SMOOTHING": "",
     "VOCAB_TYPE": "",
     "SUBWORD_SAMPLES": "",
@@ -92,7 +93,7 @@ def build_steps(s: dict[str, Any]) -> list[Step]:
         what = "the distilled pair" if name == "student" else "the original pair (what distillation adds)"
         steps.append(Step(f"{name}: preprocess {what}", args=[
             "preprocess", "--run-dir", model, "--source-lang", src, "--target-lang", tgt, "--trainpref", train,
-            "--validpref", data / "val", "--testpref", data / "test_2016_flickr", "--vocab-size", 8000,
+            "--validpref", data / "val", "--testpref", data / "test_2016_flickr", "--vocab-size", s["VOCAB"],
             *vocabulary_args(s), "--workers", s["THREADS"]]))
         steps.append(Step(f"{name}: train {s['STUDENT_ARCH']} for the teacher's budget", args=[
             "train", "--run-dir", model, "--arch", s["STUDENT_ARCH"], "--max-tokens", s["MAX_TOKENS"], "--lr", s["LR"],
@@ -211,8 +212,8 @@ def summarize(s: dict[str, Any]) -> None:
     print(f"written: {run / 'summary.json'}", flush=True)
 
 
-TEACHER_DEFAULTS: dict[str, Any] = {"BUDGET": "30m", "DROPOUT": 0.1, "LABEL_SMOOTHING": 0.1, "VOCAB_TYPE": "bpe",
-                                    "SUBWORD_SAMPLES": 0, "SUBWORD_ALPHA": 0.1}
+TEACHER_DEFAULTS: dict[str, Any] = {"BUDGET": "30m", "DROPOUT": 0.1, "LABEL_SMOOTHING": 0.1, "VOCAB": 8000,
+                                    "VOCAB_TYPE": "bpe", "SUBWORD_SAMPLES": 0, "SUBWORD_ALPHA": 0.1}
 """Settings the students take from the teacher's run (its summary.json), and what they are without one."""
 
 
@@ -246,7 +247,7 @@ def main() -> None:
     s = settings()
     print(f"Multi30k {s['SRC']}->{s['TGT']} distillation in {s['RUN_DIR']}: teacher {s['TEACHER_RUN']}, students "
           f"{s['STUDENT_ARCH']} for {s['BUDGET']}" + (f" or {s['MAX_UPDATE']} updates" if s["MAX_UPDATE"] else "")
-          + f" (dropout {s['DROPOUT']}, label smoothing {s['LABEL_SMOOTHING']}, {s['VOCAB_TYPE']} vocabulary, "
+          + f" (dropout {s['DROPOUT']}, label smoothing {s['LABEL_SMOOTHING']}, {s['VOCAB']}-piece {s['VOCAB_TYPE']} vocabulary, "
             f"{s['SUBWORD_SAMPLES']} subword samples: the teacher recipe's where its summary.json says)"
           + (" (dry run: nothing is executed)" if s["DRY_RUN"] else ""), flush=True)
     run_steps(build_steps(s), s["DRY_RUN"])

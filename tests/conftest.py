@@ -9,12 +9,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+
+# The test processes share the machine's cores: an OpenMP thread that spins while it waits for
+# work (the default) holds a core another test's process needs. They wait passively; the same
+# maths, sooner on a loaded machine. Set here, before this process or any it starts loads torch.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -72,6 +77,23 @@ def wmt14_dir() -> Path:
     return d
 
 
+@pytest.fixture(scope="session")
+def small_multi30k(multi30k_dir: Path, tmp_path_factory) -> Path:
+    """A Multi30k folder as the recipes read it (MULTI30K_DIR), with its first 3000 training pairs
+    and 200 of val and of test: a recipe's chain runs the same, on less text to translate."""
+    import gzip
+
+    def build(folder: Path) -> None:
+        for split, n in (("train", 3000), ("val", 200), ("test_2016_flickr", 200)):
+            for lang in ("en", "de"):
+                with gzip.open(multi30k_dir / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+                    lines = [line for _, line in zip(range(n), f)]
+                with gzip.open(folder / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
+                    f.writelines(lines)
+
+    return built_once(tmp_path_factory, "small_multi30k", build)
+
+
 def torch_blocked_env(folder: Path) -> dict[str, str]:
     """An environment in which `import torch` fails: a package of that name, first on the
     path, that raises. A command that works in it never loaded torch."""
@@ -91,28 +113,170 @@ def run_nmt(*args: str, input: bytes | str | None = None, cwd: str | Path | None
     """Run the real `nmt` command line in its own process; returns stdout/stderr as text. The
     process is forked from this test worker's fork server (tests/zygote.py), which imported the
     command line once, unless `env` sets something read at start-up."""
-    full_env = {**os.environ, **(env or {})}
-    full_env.pop("NMT_RUN_DIR", None) if env is None or "NMT_RUN_DIR" not in env else None
     if isinstance(input, str):
         input = input.encode("utf-8")
+    proc = start_nmt(*args, stdin=subprocess.DEVNULL if input is None else subprocess.PIPE, stdout=subprocess.PIPE,
+                     stderr=subprocess.PIPE, cwd=cwd, env=env)
+    done = finish(proc, input, timeout)
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode("utf-8", errors="replace"),
+                                       done.stderr.decode("utf-8", errors="replace"))
+
+
+def finish(proc: "subprocess.Popen | ForkedNmt", input: bytes | str | None = None,
+           timeout: float | None = None) -> subprocess.CompletedProcess:
+    """`proc.communicate(input)` to its end, as subprocess.run: killed if it outlasts `timeout`."""
+    try:
+        stdout, stderr = proc.communicate(input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def start_nmt(*args: str, env: dict[str, str] | None = None, **popen: Any) -> "subprocess.Popen | ForkedNmt":
+    """Start the real `nmt` command line (`python -m nmt_cli ARGS`), as subprocess.Popen would with
+    `popen`, and with Ctrl-C (SIGINT) raising KeyboardInterrupt, as in a terminal's foreground
+    command: a test runner started in the background of a script inherits SIGINT ignored, and
+    would pass that on. `env` is added to this process's environment (less NMT_RUN_DIR, unless
+    given). Forked from the fork server (ForkedNmt) unless `env` sets something read at start-up,
+    `popen` asks for more than ForkedNmt offers, or NMT_TEST_FORK=0."""
     argv = [str(a) for a in args]
-    if set(env or {}) <= FORKABLE_ENV and os.environ.get("NMT_TEST_FORK", "1") != "0":
-        stdout, stderr, code = _run_forked(argv, input, cwd, full_env, timeout)
-    else:
-        proc = subprocess.run([sys.executable, "-m", "nmt_cli", *argv], input=input, capture_output=True, cwd=cwd,
-                              env=full_env, timeout=timeout)
-        stdout, stderr, code = proc.stdout, proc.stderr, proc.returncode
-    return subprocess.CompletedProcess(
-        [sys.executable, "-m", "nmt_cli", *argv], code,
-        stdout.decode("utf-8", errors="replace"), stderr.decode("utf-8", errors="replace"),
-    )
+    full_env = {k: v for k, v in os.environ.items() if k != "NMT_RUN_DIR"}
+    full_env.update(env or {})
+    if set(env or {}) <= FORKABLE_ENV and set(popen) <= ForkedNmt.OPTIONS and os.environ.get("NMT_TEST_FORK", "1") != "0":
+        return ForkedNmt(argv, env=full_env, **popen)
+    return subprocess.Popen([sys.executable, "-m", "nmt_cli", *argv], env=full_env, preexec_fn=_default_sigint, **popen)
+
+
+class ForkedNmt:
+    """`python -m nmt_cli ARGV` (or `python SCRIPT ARGV`) forked from this test worker's fork server, with the part of
+    subprocess.Popen that the tests use: pid, stdin/stdout/stderr (PIPE, DEVNULL, STDOUT, a file,
+    or inherited), poll, wait, communicate, send_signal, kill, returncode. The process is the
+    fork server's grandchild, not this process's child: its exit status (negative: the signal
+    that ended it) comes over the socket, read by a thread."""
+
+    OPTIONS = {"stdin", "stdout", "stderr", "text", "cwd", "start_new_session"}
+
+    def __init__(self, argv: list[str], env: dict[str, str], stdin: Any = None, stdout: Any = None, stderr: Any = None,
+                 text: bool = False, cwd: str | Path | None = None, start_new_session: bool = False,
+                 script: str | Path | None = None):
+        import io
+        import json
+        import socket
+        import threading
+
+        self.args = [sys.executable, *([str(script)] if script else ["-m", "nmt_cli"]), *argv]
+        self.returncode: int | None = None
+        self.stdin = self.stdout = self.stderr = None
+        ours: list[int] = []  # descriptors opened here for the child: closed once it has them
+        theirs: list[int] = []
+        for i, spec in enumerate((stdin, stdout, stderr)):
+            if spec == subprocess.PIPE:
+                r, w = os.pipe()
+                mine, child = (w, r) if i == 0 else (r, w)
+                raw = open(mine, "wb" if i == 0 else "rb")
+                end = (io.TextIOWrapper(raw, encoding="utf-8", write_through=True) if i == 0 else
+                       io.TextIOWrapper(raw, encoding="utf-8")) if text else raw
+                setattr(self, ("stdin", "stdout", "stderr")[i], end)
+                ours.append(child)
+            elif spec == subprocess.DEVNULL:
+                child = os.open(os.devnull, os.O_RDWR)
+                ours.append(child)
+            elif spec == subprocess.STDOUT:
+                child = theirs[1]
+            elif spec is None:
+                child = i
+            else:
+                child = spec if isinstance(spec, int) else spec.fileno()
+            theirs.append(child)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.connect(_zygote_socket())
+        header = {"argv": argv, "env": env, "cwd": str(Path(cwd or os.getcwd()).resolve()), "session": start_new_session,
+                  "script": str(script) if script else None}
+        socket.send_fds(self._sock, [json.dumps(header).encode() + b"\n"], theirs)
+        for fd in ours:
+            os.close(fd)
+        self._replies = self._sock.makefile("rb")
+        self.pid = int(self._replies.readline().split()[1])
+        self._done = threading.Event()
+        threading.Thread(target=self._await_exit, daemon=True).start()
+
+    def _await_exit(self) -> None:
+        line = self._replies.readline()
+        self._replies.close()
+        self._sock.close()
+        assert line.startswith(b"exit "), f"the fork server lost the command: {line!r}"
+        self.returncode = int(line.split()[1])
+        self._done.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def communicate(self, input: bytes | str | None = None, timeout: float | None = None) -> tuple[Any, Any]:
+        """As Popen.communicate: writes `input` and closes stdin, reads stdout and stderr to their end."""
+        import threading
+
+        output: dict[str, Any] = {}
+
+        def read(name: str) -> None:
+            with getattr(self, name) as f:
+                output[name] = f.read()
+
+        def write() -> None:
+            try:
+                with self.stdin as f:
+                    if input:
+                        f.write(input)
+            except BrokenPipeError:
+                pass
+
+        threads = [threading.Thread(target=read, args=(n,), daemon=True) for n in ("stdout", "stderr") if getattr(self, n)]
+        if self.stdin is not None and not self.stdin.closed:
+            threads.append(threading.Thread(target=write, daemon=True))
+        for t in threads:
+            t.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in threads:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return output.get("stdout"), output.get("stderr")
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGTERM)
 
 
 _zygote: dict[str, object] = {}
 
 
+ZYGOTE_ENV = "NMT_TEST_ZYGOTE"
+"""The socket of the fork server that a forked script (a recipe under tests/recipe_runner.py) forks its commands from."""
+
+
 def _zygote_socket() -> str:
-    """This test worker's fork server (started at first use, stopped when the worker exits)."""
+    """This test worker's fork server (started at first use, stopped when the worker exits), or
+    the one named by $NMT_TEST_ZYGOTE."""
+    if os.environ.get(ZYGOTE_ENV):
+        return os.environ[ZYGOTE_ENV]
     if "path" not in _zygote:
         import atexit
         import tempfile
@@ -134,62 +298,6 @@ def _zygote_socket() -> str:
         atexit.register(stop)
         _zygote.update(path=path, server=server)
     return str(_zygote["path"])
-
-
-def _run_forked(argv: list[str], input: bytes | None, cwd: str | Path | None, env: dict[str, str],
-                timeout: float) -> tuple[bytes, bytes, int]:
-    """`python -m nmt_cli ARGV` as a child of the fork server: (stdout, stderr, exit status)."""
-    import json
-    import signal
-    import socket
-    import threading
-
-    stdin_r, stdin_w = os.pipe() if input is not None else (os.open(os.devnull, os.O_RDONLY), -1)
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.connect(_zygote_socket())
-        header = json.dumps({"argv": argv, "env": env, "cwd": str(Path(cwd or os.getcwd()).resolve())}).encode() + b"\n"
-        socket.send_fds(sock, [header], [stdin_r, out_w, err_w])
-        for fd in (stdin_r, out_w, err_w):
-            os.close(fd)
-        replies = sock.makefile("rb")
-        pid = int(replies.readline().split()[1])
-        output: dict[int, bytes] = {}
-
-        def read(fd: int) -> None:
-            with open(fd, "rb") as f:
-                output[fd] = f.read()
-
-        def write() -> None:
-            with open(stdin_w, "wb") as f:
-                try:
-                    f.write(input)
-                except BrokenPipeError:
-                    pass
-
-        threads = [threading.Thread(target=read, args=(fd,), daemon=True) for fd in (out_r, err_r)]
-        if input is not None:
-            threads.append(threading.Thread(target=write, daemon=True))
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + timeout
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        if any(t.is_alive() for t in threads):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            raise subprocess.TimeoutExpired(["nmt", *argv], timeout)
-        line = replies.readline()
-        assert line.startswith(b"exit "), f"the fork server lost the command: {line!r}"
-        return output[out_r], output[err_r], int(line.split()[1])
-
-
-def start_nmt(*args: str, **popen: object) -> subprocess.Popen:
-    """Start the real `nmt` command line in the background (for tests that interrupt it), with
-    Ctrl-C (SIGINT) at its default, as a terminal's foreground command has it: a test runner started
-    in the background of a script inherits SIGINT ignored, and would pass that on."""
-    return subprocess.Popen([sys.executable, "-m", "nmt_cli", *map(str, args)], preexec_fn=_default_sigint, **popen)
 
 
 def _default_sigint() -> None:
@@ -260,7 +368,7 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Calla
 
 @pytest.fixture(scope="session")
 def trained_tiny_run(multi30k_dir: Path, tmp_path_factory) -> Path:
-    """A `tiny` model trained for half a minute on 3000 Multi30k pairs: it ends its sentences
+    """A `tiny` model trained for 400 updates on 3000 Multi30k pairs: it ends its sentences
     with eos, as a real model does, which a random model almost never does."""
     import gzip
 
@@ -272,7 +380,7 @@ def trained_tiny_run(multi30k_dir: Path, tmp_path_factory) -> Path:
         for args in (("preprocess", "-s", "en", "-t", "de", "--trainpref", root / "train", "--validpref", root / "val",
                       "--vocab-size", "1000", "--workers", "1"),
                      ("train", "--arch", "tiny", "--amp", "none", "--max-tokens", "1024", "--threads", "1", "--no-progress-bar",
-                      "--seed", "1", "--save-interval-minutes", "0", "--warmup", "50", "--lr", "3e-3", "--max-update", "600")):
+                      "--seed", "1", "--save-interval-minutes", "0", "--warmup", "50", "--lr", "3e-3", "--max-update", "400")):
             proc = run_nmt(args[0], "-r", root / "run", *args[1:])
             assert proc.returncode == 0, proc.stderr
 

@@ -1,5 +1,6 @@
 """`python tests/recipe_runner.py recipes/NAME.py`: run a recipe as `python recipes/NAME.py` would,
-with its `nmt` commands forked from a fork server (tests/zygote.py) instead of each started as
+with its `nmt` commands forked from a fork server (tests/zygote.py: the one named by
+$NMT_TEST_ZYGOTE, else one of its own) instead of each started as
 `python -m nmt_cli`, which pays a Python start and `import torch`. A recipe test starts dozens of
 commands; each is still its own process, with the recipe's environment, arguments and output
 files. Nothing of the recipe is changed: `subprocess.run` and `subprocess.call` are wrapped, and
@@ -21,28 +22,21 @@ NMT = [sys.executable, "-m", "nmt_cli"]
 _run, _call = subprocess.run, subprocess.call
 
 
-def _forked(argv: list[str], stdout: Any = None, stderr: Any = None, capture_output: bool = False,
+def _forked(argv: list[str], stdin: Any = None, stdout: Any = None, stderr: Any = None, capture_output: bool = False,
             text: bool = False, check: bool = False, env: dict[str, str] | None = None, cwd: Any = None,
             timeout: float | None = None) -> subprocess.CompletedProcess:
     """`subprocess.run(argv, ...)` of an `nmt` command, forked; its output goes where the call sent it."""
-    from conftest import _run_forked
+    from conftest import ForkedNmt, finish
 
-    out, err, code = _run_forked(argv[len(NMT):], None, cwd, dict(os.environ if env is None else env), timeout or 3600)
-    if not capture_output:
-        for data, target, default in ((out, stdout, sys.stdout), (err, stderr, sys.stderr)):
-            default.flush()
-            if target is None:
-                default.buffer.write(data)
-                default.flush()
-            else:
-                target.write(data)
-                target.flush()
-        out = err = None
-    elif text:
-        out, err = out.decode("utf-8", errors="replace"), err.decode("utf-8", errors="replace")
-    if check and code != 0:
-        raise subprocess.CalledProcessError(code, argv, out, err)
-    return subprocess.CompletedProcess(argv, code, out, err)
+    if capture_output:
+        stdout = stderr = subprocess.PIPE
+    sys.stdout.flush()
+    sys.stderr.flush()
+    done = finish(ForkedNmt(argv[len(NMT):], env=dict(os.environ if env is None else env), stdin=stdin, stdout=stdout,
+                            stderr=stderr, text=text, cwd=cwd), timeout=timeout)
+    if check and done.returncode != 0:
+        raise subprocess.CalledProcessError(done.returncode, argv, done.stdout, done.stderr)
+    return subprocess.CompletedProcess(argv, done.returncode, done.stdout, done.stderr)
 
 
 def _nmt_command(argv: Any, args: tuple) -> bool:

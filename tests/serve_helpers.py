@@ -12,11 +12,12 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
+
+from conftest import start_nmt
 
 START_TIMEOUT = 180.0  # seconds: the model loads in a subprocess on a shared 2-core machine
 
@@ -29,9 +30,8 @@ class Server:
         os.close(fd)
         self.log = Path(name)
         self._log_file = open(self.log, "wb")
-        env = {**{k: v for k, v in os.environ.items() if k != "NMT_RUN_DIR"}, **(env or {})}
-        self.proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", "serve", "-r", str(run_dir), "--port", "0", *args],
-                                     stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT, env=env)
+        self.proc = start_nmt("serve", "-r", run_dir, "--port", "0", *args, stdin=subprocess.DEVNULL, stdout=self._log_file,
+                              stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + START_TIMEOUT
         self.port = 0
         while time.monotonic() < deadline:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_nmt
+from conftest import ZYGOTE_ENV, ForkedNmt, _zygote_socket, finish, run_nmt
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
@@ -30,12 +30,16 @@ HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
 def run_recipe(name: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run recipes/NAME.py with `env` added to a clean environment (no inherited recipe settings),
-    its `nmt` commands forked by tests/recipe_runner.py unless NMT_TEST_FORK=0."""
+    """Run recipes/NAME.py with `env` added to a clean environment (no inherited recipe settings):
+    forked, with its `nmt` commands, from the tests' fork server by tests/recipe_runner.py, unless
+    NMT_TEST_FORK=0."""
     base = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH")}
-    runner = [] if os.environ.get("NMT_TEST_FORK", "1") == "0" else [str(REPO / "tests" / "recipe_runner.py")]
-    return subprocess.run([sys.executable, *runner, str(RECIPES / f"{name}.py")], env={**base, **env}, cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
+    recipe = str(RECIPES / f"{name}.py")
+    if os.environ.get("NMT_TEST_FORK", "1") == "0":
+        return subprocess.run([sys.executable, recipe], env={**base, **env}, cwd=REPO, capture_output=True, text=True,
+                              timeout=timeout)
+    return finish(ForkedNmt([recipe], env={**base, **env, ZYGOTE_ENV: _zygote_socket()}, cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, script=REPO / "tests" / "recipe_runner.py"), timeout=timeout)
 
 
 def stderr_lines(proc: subprocess.CompletedProcess) -> list[str]:
@@ -68,9 +72,9 @@ MULTI30K_TINY = {
 
 
 @pytest.mark.slow
-def test_multi30k_recipe_runs_the_whole_chain_and_a_second_run_does_not_retrain(multi30k_dir: Path, tmp_path: Path):
+def test_multi30k_recipe_runs_the_whole_chain_and_a_second_run_does_not_retrain(small_multi30k: Path, tmp_path: Path):
     run = tmp_path / "run"
-    env = {**MULTI30K_TINY, "MULTI30K_DIR": str(multi30k_dir), "RUN_DIR": str(run), "MULTI30K_URL": UNREACHABLE}
+    env = {**MULTI30K_TINY, "MULTI30K_DIR": str(small_multi30k), "RUN_DIR": str(run), "MULTI30K_URL": UNREACHABLE}
     first = run_recipe("multi30k", env, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
 
@@ -85,7 +89,7 @@ def test_multi30k_recipe_runs_the_whole_chain_and_a_second_run_does_not_retrain(
         assert (run / rel).is_file(), rel
     assert len(list((run / "checkpoints").glob("checkpoint[0-9]*.pt"))) >= 3  # epoch checkpoints to average
     hyp = run / "test.hyp.de"
-    assert len(hyp.read_text(encoding="utf-8").splitlines()) == 1000
+    assert len(hyp.read_text(encoding="utf-8").splitlines()) == 200
     assert (run / "learning_curves.png").is_file() == HAVE_MATPLOTLIB
 
     summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
@@ -107,7 +111,7 @@ def test_multi30k_recipe_runs_the_whole_chain_and_a_second_run_does_not_retrain(
     test_score = json.loads((run / "test.score.json").read_text(encoding="utf-8"))
     assert summary["length_ratio"] == round(test_score["hyp_len"] / test_score["ref_len"], 3) > 0
     assert f"length ratio {summary['valid_length_ratio']:.3f} (the split settings are chosen on)" in first.stdout
-    assert isinstance(summary["valid_bleu"], float) and (run / "valid.hyp.de").read_text(encoding="utf-8").count("\n") == 1014
+    assert isinstance(summary["valid_bleu"], float) and (run / "valid.hyp.de").read_text(encoding="utf-8").count("\n") == 200
     # ARCH was given, DROPOUT and LABEL_SMOOTHING left to the machine: the choice says which rule applied and why
     choice = summary["choice"]
     assert choice["auto"] == ["DROPOUT", "LABEL_SMOOTHING", "VOCAB_TYPE", "SAVE_INTERVALS"] and choice["arch"] == "tiny" and choice["precision"] == "none"
@@ -502,12 +506,12 @@ def test_multi30k_subword_sampling_is_chosen_by_the_kind_of_bf16_cpu(monkeypatch
 
 @pytest.mark.slow
 def test_multi30k_distill_recipe_distills_trains_both_students_and_prints_one_table(
-        trained_tiny_run: Path, multi30k_dir: Path, tmp_path: Path):
+        trained_tiny_run: Path, small_multi30k: Path, tmp_path: Path):
     teacher = tmp_path / "teacher"
     shutil.copytree(trained_tiny_run, teacher)
     assert run_nmt("average-checkpoints", "-r", teacher, "--last", "2").returncode == 0
-    env = {"MULTI30K_DIR": str(multi30k_dir), "TEACHER_RUN": str(teacher), "RUN_DIR": str(tmp_path / "distill"),
-           "SLICE": "1000", "EVAL_LINES": "100", "MAX_UPDATE": "60", "WARMUP": "30", "MAX_TOKENS": "1024", "AVERAGE_LAST": "2",
+    env = {"MULTI30K_DIR": str(small_multi30k), "TEACHER_RUN": str(teacher), "RUN_DIR": str(tmp_path / "distill"),
+           "SLICE": "1000", "EVAL_LINES": "100", "VOCAB": "1000", "MAX_UPDATE": "60", "WARMUP": "30", "MAX_TOKENS": "1024", "AVERAGE_LAST": "2",
            "DISTILL_BEAM": "2", "THREADS": "1"}
     first = run_recipe("multi30k_distill", env, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -545,8 +549,8 @@ def test_multi30k_distill_students_train_as_the_teachers_recipe_chose_unless_tol
     teacher = tmp_path / "teacher"
     teacher.mkdir()
     (teacher / "summary.json").write_text(json.dumps({"settings": {
-        "BUDGET": "7m", "DROPOUT": 0.2, "LABEL_SMOOTHING": 0.2, "VOCAB_TYPE": "unigram", "SUBWORD_SAMPLES": 30,
-        "SUBWORD_ALPHA": 0.1}}))
+        "BUDGET": "7m", "DROPOUT": 0.2, "LABEL_SMOOTHING": 0.2, "VOCAB": 4000, "VOCAB_TYPE": "unigram",
+        "SUBWORD_SAMPLES": 30, "SUBWORD_ALPHA": 0.1}}))
     env = {"DRY_RUN": "1", "MULTI30K_DIR": str(tmp_path), "TEACHER_RUN": str(teacher), "RUN_DIR": str(tmp_path / "d")}
 
     def train_and_preprocess(proc: subprocess.CompletedProcess) -> tuple[str, str]:
@@ -557,9 +561,9 @@ def test_multi30k_distill_students_train_as_the_teachers_recipe_chose_unless_tol
 
     train, preprocess = train_and_preprocess(run_recipe("multi30k_distill", env))
     assert "--dropout 0.2 --label-smoothing 0.2" in train and "--max-time 7m" in train
-    assert "--vocab-type unigram --subword-samples 30 --subword-alpha 0.1" in preprocess
-    train, _ = train_and_preprocess(run_recipe("multi30k_distill", {**env, "DROPOUT": "0.3"}))
-    assert "--dropout 0.3 --label-smoothing 0.2" in train
+    assert "--vocab-size 4000 --vocab-type unigram --subword-samples 30 --subword-alpha 0.1" in preprocess
+    train, preprocess = train_and_preprocess(run_recipe("multi30k_distill", {**env, "DROPOUT": "0.3", "VOCAB": "2000"}))
+    assert "--dropout 0.3 --label-smoothing 0.2" in train and "--vocab-size 2000 " in preprocess
     (teacher / "summary.json").write_text('{"settings": {"BUDGET": "7')  # damaged: one line, no traceback
     damaged = run_recipe("multi30k_distill", env)
     assert damaged.returncode == 1 and "Traceback" not in damaged.stderr
@@ -569,4 +573,4 @@ def test_multi30k_distill_students_train_as_the_teachers_recipe_chose_unless_tol
     (teacher / "summary.json").unlink()
     train, preprocess = train_and_preprocess(run_recipe("multi30k_distill", env))
     assert "--dropout 0.1 --label-smoothing 0.1" in train and "--max-time 30m" in train
-    assert "--vocab-type bpe" in preprocess and "--subword-samples" not in preprocess
+    assert "--vocab-size 8000 --vocab-type bpe" in preprocess and "--subword-samples" not in preprocess

@@ -9,7 +9,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -54,8 +53,7 @@ def train_killing_at_random_moments(prepared: Path, run: Path, args: list[str], 
         fresh_copy(prepared, run)
         made = 0
         for _ in range(kills + 20):
-            proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", "train", "-r", str(run), *args],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            proc = start_nmt("train", "-r", run, *args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             if made < kills:
                 log = run / "logs/train.jsonl"
                 start_size = log.stat().st_size if log.is_file() else 0

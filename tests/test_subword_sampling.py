@@ -153,7 +153,7 @@ def test_what_cannot_sample_is_refused_in_one_line(text, tmp_path):
 @pytest.fixture(scope="module")
 def sampled_run(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("sampled")
-    write_corpus(root / "text")
+    write_corpus(root / "text", n_train=200)
     run = root / "run"
     proc = run_nmt("preprocess", "-r", run, "-s", "en", "-t", "de", "--trainpref", root / "text/train",
                    "--validpref", root / "text/valid", "--vocab-size", "100", "--workers", "1",

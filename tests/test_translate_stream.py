@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import select
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 
 from nmt.inference.input_buffer import pausing_buffers
 from nmt.inference.translator import SearchConfig, TranslateConfig, load_translator
+from conftest import start_nmt
 from test_translate import _lines, _make_run
 
 ANSWER_TIMEOUT = 120.0  # seconds; generous for a loaded 2-core machine, but a hang fails
@@ -41,8 +41,8 @@ def _read_line(fd: int, pending: bytearray, timeout: float) -> str:
     return line.decode("utf-8")
 
 
-def _translate_cmd(run_dir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "nmt_cli", "translate", "--threads", "1", "-r", str(run_dir), "--max-len-b", "6", "--quiet", *extra]
+def _translate_args(run_dir: Path, *extra: str) -> list[str]:
+    return ["translate", "--threads", "1", "-r", str(run_dir), "--max-len-b", "6", "--quiet", *extra]
 
 
 def _expected(run_dir: Path, lines: list[str]) -> list[str]:
@@ -54,7 +54,7 @@ def test_a_pipe_written_one_line_at_a_time_gets_each_answer_before_the_next_line
     lines = _lines(4, 7)
     lines.insert(2, "")
     want = _expected(run_dir, lines)
-    proc = subprocess.Popen(_translate_cmd(run_dir), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = start_nmt(*_translate_args(run_dir), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         pending = bytearray()
         for line, expected in zip(lines, want):
@@ -75,7 +75,7 @@ def test_a_fifo_given_as_input_streams_too(run_dir, tmp_path):
     os.mkfifo(fifo)
     lines = _lines(3, 8)
     want = _expected(run_dir, lines)
-    proc = subprocess.Popen(_translate_cmd(run_dir, "--input", str(fifo)), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = start_nmt(*_translate_args(run_dir, "--input", str(fifo)), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         with open(fifo, "wb", buffering=0) as writer:
             pending = bytearray()

@@ -9,14 +9,12 @@ import os
 import pty
 import re
 import struct
-import subprocess
-import sys
 import termios
 from pathlib import Path
 
 import pytest
 
-from conftest import assert_one_line_error, run_nmt
+from conftest import assert_one_line_error, run_nmt, start_nmt
 from nmt.train.progress import Limits, format_duration, time_to_end
 from nmt.train.policy import patience_count
 from test_train import fresh_copy  # noqa
@@ -28,9 +26,7 @@ def run_on_terminal(*args: str) -> tuple[int, str]:
     """`nmt ARGS` with stdin, stdout and stderr on a pseudo-terminal of 200 columns, as a user sees it."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 200, 0, 0))
-    env = {k: v for k, v in os.environ.items() if k != "NMT_RUN_DIR"}
-    proc = subprocess.Popen([sys.executable, "-m", "nmt_cli", *map(str, args)], stdin=slave, stdout=slave,
-                            stderr=slave, close_fds=True, env=env)
+    proc = start_nmt(*args, stdin=slave, stdout=slave, stderr=slave)
     os.close(slave)
     chunks = []
     while True:

@@ -9,8 +9,9 @@ subprocess does.
 What a fork cannot give a command falls back to a real process (see `conftest.run_nmt`): an
 environment that the interpreter or torch read at start-up (PYTHON*, OMP_*, a hidden torch).
 
-Protocol, one connection per command: the client sends a JSON header (argv, env, cwd) with its
-three file descriptors (SCM_RIGHTS), then reads one line "pid N" and one line "exit N".
+Protocol, one connection per command: the client sends a JSON header (argv, env, cwd; `session`:
+start a new session, as Popen's start_new_session; `script`: run `python SCRIPT ARGV` instead)
+with its three file descriptors (SCM_RIGHTS), then reads one line "pid N" and one line "exit N".
 """
 
 from __future__ import annotations
@@ -24,15 +25,20 @@ import sys
 import traceback
 
 
-def _run_child(argv: list[str], env: dict[str, str], cwd: str) -> int:
-    """In the forked child: become `python -m nmt_cli ARGV` and return its exit status."""
+def _run_child(argv: list[str], env: dict[str, str], cwd: str, script: str | None = None) -> int:
+    """In the forked child: become `python -m nmt_cli ARGV` (or `python SCRIPT ARGV`) and return
+    its exit status."""
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
-    sys.path[0] = os.getcwd()  # as `python -m` starts: the working folder first
-    sys.argv = ["nmt_cli", *argv]
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C: KeyboardInterrupt, as in a terminal
+    sys.path[0] = os.path.dirname(os.path.abspath(script)) if script else os.getcwd()  # as python starts
+    sys.argv = [script or "nmt_cli", *argv]
     try:
-        runpy.run_module("nmt_cli", run_name="__main__", alter_sys=True)
+        if script:
+            runpy.run_path(script, run_name="__main__")
+        else:
+            runpy.run_module("nmt_cli", run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as e:
         if e.code is None:
@@ -77,9 +83,11 @@ def _monitor(conn: socket.socket, header: dict, fds: list[int]) -> None:
             if fd > 2:
                 os.close(fd)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if header.get("session"):
+            os.setsid()
         code = 1
         try:
-            code = _run_child(header["argv"], header["env"], header["cwd"])
+            code = _run_child(header["argv"], header["env"], header["cwd"], header.get("script"))
         finally:
             os._exit(code)
     for fd in fds:
@@ -94,6 +102,7 @@ def serve(path: str) -> None:
     # What the commands import when they run (they import lazily, for a fast --help), once.
     import nmt_cli.main  # noqa: F401
     import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401  (torch.optim imports it at the first optimizer: seconds per `nmt train`)
     import sacrebleu  # noqa: F401
     import sentencepiece  # noqa: F401
     import nmt.average  # noqa: F401
