@@ -511,7 +511,7 @@ def test_multi30k_distill_recipe_distills_trains_both_students_and_prints_one_ta
     shutil.copytree(trained_tiny_run, teacher)
     assert run_nmt("average-checkpoints", "-r", teacher, "--last", "2").returncode == 0
     env = {"MULTI30K_DIR": str(small_multi30k), "TEACHER_RUN": str(teacher), "RUN_DIR": str(tmp_path / "distill"),
-           "SLICE": "1000", "EVAL_LINES": "100", "VOCAB": "1000", "MAX_UPDATE": "60", "WARMUP": "30", "MAX_TOKENS": "1024", "AVERAGE_LAST": "2",
+           "SLICE": "1000", "EVAL_LINES": "100", "VOCAB": "1000", "MAX_UPDATE": "30", "WARMUP": "15", "MAX_TOKENS": "1024", "AVERAGE_LAST": "2",
            "DISTILL_BEAM": "2", "THREADS": "1"}
     first = run_recipe("multi30k_distill", env, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
