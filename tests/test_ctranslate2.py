@@ -8,11 +8,12 @@ import json
 import re
 import shlex
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import assert_one_line_error, run_nmt, torch_blocked_env
+from conftest import assert_one_line_error, finish, run_nmt, start_nmt, torch_blocked_env
 from nmt.run.identity import run_identity
 from nmt.run.directory import RunDir
 from test_identity import save_model, two_runs  # noqa: F401  (two_runs: a fixture)
@@ -274,38 +275,19 @@ def test_a_missing_or_damaged_export_record_is_one_line(two_runs, small_exports,
     assert_one_line_error(proc, str(model), "nmt export")
 
 
-def _translate_when_all_are_ready(run: Path, barrier, results) -> None:
-    """One `nmt translate --engine ctranslate2` without the command line, started at the barrier."""
-    from nmt.inference.translator import load_translator
-    from nmt.inference.config import SearchConfig, TranslateConfig
-
-    barrier.wait()
-    try:
-        translator = load_translator(run, search=SearchConfig(beam_style="fairseq", lenpen_style="avg"),
-                                     cfg=TranslateConfig(engine="ctranslate2", threads=1, device="cpu"))
-        results.put(translator.translate(["ein Mann"])[0].hyp)
-    except Exception as e:  # reported to the test
-        results.put(f"failed: {e!r}")
-
-
 def test_translates_started_at_once_all_succeed(two_runs, tmp_path):
-    """Each finds no export in RUN/ctranslate2/ and would export it: one does, the others wait for
-    it and use it, rather than replacing the directory another is loading."""
-    import multiprocessing
-
+    """Four `nmt translate --engine ctranslate2` forked within milliseconds of each other (no
+    interpreter start or import to stagger them): each finds no export in RUN/ctranslate2/ and
+    would export it: one does, the others wait for it and use it, rather than replacing the
+    directory another is loading."""
     run = tmp_path / "run"
     shutil.copytree(two_runs[0], run)
-    spawn = multiprocessing.get_context("spawn")  # a fresh interpreter each: fork after torch can hang
-    n = 4
-    barrier, results = spawn.Barrier(n), spawn.Queue()
-    procs = [spawn.Process(target=_translate_when_all_are_ready, args=(run, barrier, results)) for _ in range(n)]
-    for proc in procs:
-        proc.start()
-    hyps = [results.get(timeout=600) for _ in procs]
-    for proc in procs:
-        proc.join(timeout=900)
-    assert not [h for h in hyps if h.startswith("failed: ")], hyps
-    assert len(set(hyps)) == 1
+    procs = [start_nmt("translate", "-r", run, "--engine", "ctranslate2", "--beam-style", "fairseq", "--lenpen-style",
+                       "avg", "--threads", "1", "--device", "cpu", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    done = [finish(proc, "ein Mann\n", timeout=600) for proc in procs]
+    assert all(d.returncode == 0 for d in done), [d.stderr for d in done]
+    assert len({d.stdout for d in done}) == 1 and done[0].stdout.count("\n") == 1
     assert [p.name for p in (run / "ctranslate2").iterdir() if p.is_dir()] == ["checkpoint_last"]  # no staging left
 
 

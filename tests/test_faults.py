@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, assert_one_line_error, paused_in_time, run_nmt, start_nmt
+from conftest import REPO, assert_one_line_error, finish, paused_in_time, run_nmt, start_nmt
 from nmt.run.checkpoint import save_checkpoint
 from nmt.run.identity import run_identity
 from nmt.model.transformer import Transformer
@@ -121,17 +121,17 @@ def test_a_read_only_run_dir_is_one_line_and_stays_as_it_was(trained_run, comman
 def test_a_full_disk_on_stdout_is_one_line(tmp_path):
     (tmp_path / "h.txt").write_text("a man\n")
     with open("/dev/full", "w") as full:
-        proc = subprocess.run([sys.executable, "-m", "nmt_cli", "score", "--ref", tmp_path / "h.txt", "--hyp",
-                               tmp_path / "h.txt"], stdout=full, stderr=subprocess.PIPE, text=True, timeout=900)
+        proc = finish(start_nmt("score", "--ref", tmp_path / "h.txt", "--hyp", tmp_path / "h.txt", stdout=full,
+                                stderr=subprocess.PIPE, text=True), timeout=900)
     assert_one_line_error(proc, "no space left on device")
 
 
 def test_translate_to_a_full_disk_is_one_line(trained_run):
     before = snapshot(trained_run)
     with open("/dev/full", "w") as full:
-        proc = subprocess.run([sys.executable, "-m", "nmt_cli", "translate", "--threads", "1", "-q", "-r", trained_run,
-                               "--max-len-b", "3"], input="a man\n" * 5, stdout=full, stderr=subprocess.PIPE,
-                              text=True, timeout=900)
+        proc = finish(start_nmt("translate", "--threads", "1", "-q", "-r", trained_run, "--max-len-b", "3",
+                                stdin=subprocess.PIPE, stdout=full, stderr=subprocess.PIPE, text=True),
+                      "a man\n" * 5, timeout=900)
     assert_one_line_error(proc, "no space left on device")
     assert snapshot(trained_run) == before
 

@@ -13,16 +13,22 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ForkedNmt, finish
 from nmt.ops import native
 
-LOAD = ("import sys; from nmt.ops.native import native_module; m = native_module(); "
-        "print('built' if m is not None else 'none', 'torch.utils.cpp_extension' in sys.modules)")
+LOAD = str(Path(__file__).with_name("native_load.py"))
+"""A script that loads the kernels as a command does and prints `built|none` and whether torch's builder was imported."""
 
 
 def _load(extensions: Path, **env: str) -> subprocess.CompletedProcess:
+    """LOAD in a process of its own (forked from the tests' fork server, which never loaded the
+    kernels nor imported torch's builder), with TORCH_EXTENSIONS_DIR=`extensions` and `env`."""
     environ = {**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions), **env}
     environ.pop(native.DISABLE_ENV, None)
-    return subprocess.run([sys.executable, "-c", LOAD], env=environ, capture_output=True, text=True, timeout=900)
+    if os.environ.get("NMT_TEST_FORK", "1") == "0":
+        return subprocess.run([sys.executable, LOAD], env=environ, capture_output=True, text=True, timeout=900)
+    return finish(ForkedNmt([], env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, script=LOAD),
+                  timeout=900)
 
 
 def _tree(root: Path) -> list[tuple[str, int, int]]:
@@ -48,7 +54,7 @@ def test_a_build_killed_midway_does_not_block_the_next_one(tmp_path):
     extensions = tmp_path / "extensions"
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions)}
     env.pop(native.DISABLE_ENV, None)
-    first = subprocess.Popen([sys.executable, "-c", LOAD], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    first = subprocess.Popen([sys.executable, LOAD], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              start_new_session=True)
     deadline = time.monotonic() + 600
     while not list(extensions.glob(".nmt_native_*.build-*/build.ninja")):  # the compiler is about to run

@@ -16,8 +16,9 @@ from conftest import REPO
 SHORTER = {
     "--vocab-size 8000": "--vocab-size 1000",  # a 3000-line slice has fewer pieces than that
     "--max-tokens 2048": "--max-tokens 1024",
-    "--max-time 3m": "--max-time 3m --max-update 60",
-    "--save-interval-minutes 0.5": "--save-interval-minutes 0.5 --save-interval-updates 10",
+    "--warmup 400": "--warmup 30",  # the peak learning rate within the 30 updates
+    "--max-time 3m": "--max-time 3m --max-update 30",
+    "--save-interval-minutes 0.5": "--save-interval-minutes 0.5 --save-interval-updates 5",
 }
 """What the test shortens; every other word of the README's commands stays."""
 

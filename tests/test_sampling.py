@@ -5,13 +5,12 @@ a terminal."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import assert_one_line_error, run_nmt
+from conftest import assert_one_line_error, finish, run_nmt, start_nmt
 from nmt.inference.beam_search import beam_search
 from nmt.model.transformer import Transformer
 from nmt.model.config import build_config
@@ -124,8 +123,8 @@ def test_translate_draws_no_progress_bar_into_a_redirected_stderr(run, tmp_path)
     source = tmp_path / "in.txt"
     source.write_text("\n".join(_lines(600, seed=2)) + "\n", encoding="utf-8")
     with open(tmp_path / "err.txt", "wb") as err:
-        proc = subprocess.run([sys.executable, "-m", "nmt_cli", "translate", "-r", str(run), "-i", str(source),
-                               "--threads", "1", "--beam", "2", "--buffer-size", "20"], stdout=subprocess.PIPE, stderr=err, timeout=600)
+        proc = finish(start_nmt("translate", "-r", run, "-i", source, "--threads", "1", "--beam", "2", "--buffer-size", "20",
+                                stdout=subprocess.PIPE, stderr=err), timeout=600)
     assert proc.returncode == 0
     assert proc.stdout.count(b"\n") == 600
     stderr = (tmp_path / "err.txt").read_bytes()  # bytes: read_text would turn "\r" into "\n"
