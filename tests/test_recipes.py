@@ -65,8 +65,8 @@ def load_recipe_module(name: str):
 # ---------------------------------------------------------------------------------------
 
 MULTI30K_TINY = {
-    "ARCH": "tiny", "AMP": "none", "SLICE": "2000", "VOCAB": "1000", "MAX_TOKENS": "1024", "MAX_UPDATE": "240",
-    "WARMUP": "100", "LOG_INTERVAL": "40", "SAVE_INTERVAL_MINUTES": "0", "AVERAGE_LAST": "3", "AVERAGE_KIND": "all", "THREADS": "1",
+    "ARCH": "tiny", "AMP": "none", "SLICE": "1000", "VOCAB": "1000", "MAX_TOKENS": "1024", "MAX_UPDATE": "120",
+    "WARMUP": "50", "LOG_INTERVAL": "40", "SAVE_INTERVAL_MINUTES": "0", "AVERAGE_LAST": "3", "AVERAGE_KIND": "all", "THREADS": "1",
     "SUBWORD_SAMPLES": "20",
 }
 
@@ -80,7 +80,7 @@ def test_multi30k_recipe_runs_the_whole_chain_and_a_second_run_does_not_retrain(
 
     # every step is shown as the exact command before it runs
     for command in ("$ nmt preprocess ", "$ nmt train ", "$ nmt average-checkpoints ", "$ nmt translate ",
-                    "$ nmt score ", "--beam 4 --lenpen 1.4", "--max-time 30m --max-update 240"):
+                    "$ nmt score ", "--beam 4 --lenpen 1.4", "--max-time 30m --max-update 120"):
         assert command in first.stdout, command
     # every file of the chain
     for rel in ("config/preprocess.json", "config/train.json", "vocab/joint.model", "data/train.en.bin",
@@ -103,7 +103,7 @@ def test_multi30k_recipe_runs_the_whole_chain_and_a_second_run_does_not_retrain(
     # subword regularization: sampled segmentations stored, trained on
     assert "--subword-samples 20 --subword-alpha 0.1" in first.stdout and (run / "data/train.sample20.de.bin").is_file()
     assert json.loads((run / "config/train.json").read_text(encoding="utf-8"))["subword_samples"] == 20
-    assert summary["updates"] == 240
+    assert summary["updates"] == 120
     assert summary["train_time_s"] > 0 and summary["target_tokens_per_s"] > 0
     assert len(summary["averaged_from"]) == 3
     assert f"BLEU  {summary['bleu']:6.2f}  {summary['bleu_signature']}  (length ratio {summary['length_ratio']:.3f})" in first.stdout

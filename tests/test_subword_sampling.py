@@ -164,7 +164,7 @@ def sampled_run(tmp_path_factory) -> Path:
 
 def test_a_run_on_sampled_segmentations_resumes_bit_identically_mid_epoch(sampled_run, tmp_path):
     args = [*TINY, "--seed", "5", "--log-interval", "1", "--save-interval-updates", "3", "--keep-last", "-1",
-            "--max-tokens", "128", "--max-epoch", "4"]
+            "--max-tokens", "192", "--max-epoch", "4"]
     once, killed = shutil.copytree(sampled_run, tmp_path / "once"), tmp_path / "killed"
     proc = run_nmt("train", "-r", once, *args)
     assert proc.returncode == 0, proc.stderr
