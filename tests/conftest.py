@@ -134,6 +134,18 @@ def finish(proc: "subprocess.Popen | ForkedNmt", input: bytes | str | None = Non
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
+def run_script(script: str | Path, *args: str, env: dict[str, str], cwd: str | Path | None = None,
+               timeout: float = 900) -> subprocess.CompletedProcess:
+    """`python SCRIPT ARGS` with `env` as its whole environment; stdout and stderr as text. Forked
+    from the fork server (its imports done once), unless NMT_TEST_FORK=0."""
+    argv = [str(a) for a in args]
+    if os.environ.get("NMT_TEST_FORK", "1") == "0":
+        return subprocess.run([sys.executable, str(script), *argv], env=env, cwd=cwd, capture_output=True, text=True,
+                              timeout=timeout)
+    return finish(ForkedNmt(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            script=script), timeout=timeout)
+
+
 def start_nmt(*args: str, env: dict[str, str] | None = None, **popen: Any) -> "subprocess.Popen | ForkedNmt":
     """Start the real `nmt` command line (`python -m nmt_cli ARGS`), as subprocess.Popen would with
     `popen`, and with Ctrl-C (SIGINT) raising KeyboardInterrupt, as in a terminal's foreground

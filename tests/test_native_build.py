@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ForkedNmt, finish
+from conftest import run_script
 from nmt.ops import native
 
 LOAD = str(Path(__file__).with_name("native_load.py"))
@@ -25,10 +25,7 @@ def _load(extensions: Path, **env: str) -> subprocess.CompletedProcess:
     kernels nor imported torch's builder), with TORCH_EXTENSIONS_DIR=`extensions` and `env`."""
     environ = {**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions), **env}
     environ.pop(native.DISABLE_ENV, None)
-    if os.environ.get("NMT_TEST_FORK", "1") == "0":
-        return subprocess.run([sys.executable, LOAD], env=environ, capture_output=True, text=True, timeout=900)
-    return finish(ForkedNmt([], env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, script=LOAD),
-                  timeout=900)
+    return run_script(LOAD, env=environ)
 
 
 def _tree(root: Path) -> list[tuple[str, int, int]]:

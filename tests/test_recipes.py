@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ZYGOTE_ENV, ForkedNmt, _zygote_socket, finish, run_nmt
+from conftest import ZYGOTE_ENV, _zygote_socket, run_nmt, run_script
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
@@ -34,12 +34,11 @@ def run_recipe(name: str, env: dict[str, str], timeout: float = 300) -> subproce
     forked, with its `nmt` commands, from the tests' fork server by tests/recipe_runner.py, unless
     NMT_TEST_FORK=0."""
     base = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH")}
-    recipe = str(RECIPES / f"{name}.py")
+    recipe = RECIPES / f"{name}.py"
     if os.environ.get("NMT_TEST_FORK", "1") == "0":
-        return subprocess.run([sys.executable, recipe], env={**base, **env}, cwd=REPO, capture_output=True, text=True,
-                              timeout=timeout)
-    return finish(ForkedNmt([recipe], env={**base, **env, ZYGOTE_ENV: _zygote_socket()}, cwd=REPO, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, script=REPO / "tests" / "recipe_runner.py"), timeout=timeout)
+        return run_script(recipe, env={**base, **env}, cwd=REPO, timeout=timeout)
+    return run_script(REPO / "tests" / "recipe_runner.py", recipe, env={**base, **env, ZYGOTE_ENV: _zygote_socket()},
+                      cwd=REPO, timeout=timeout)
 
 
 def stderr_lines(proc: subprocess.CompletedProcess) -> list[str]:
