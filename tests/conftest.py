@@ -153,12 +153,22 @@ def start_nmt(*args: str, env: dict[str, str] | None = None, **popen: Any) -> "s
     would pass that on. `env` is added to this process's environment (less NMT_RUN_DIR, unless
     given). Forked from the fork server (ForkedNmt) unless `env` sets something read at start-up,
     `popen` asks for more than ForkedNmt offers, or NMT_TEST_FORK=0."""
+    return _start(None, args, env, popen)
+
+
+def start_script(script: str | Path, *args: str, env: dict[str, str] | None = None, **popen: Any) -> "subprocess.Popen | ForkedNmt":
+    """`python SCRIPT ARGS` (a console script such as torchrun's), started as `start_nmt` starts `nmt`."""
+    return _start(script, args, env, popen)
+
+
+def _start(script: str | Path | None, args: tuple, env: dict[str, str] | None, popen: dict[str, Any]) -> "subprocess.Popen | ForkedNmt":
     argv = [str(a) for a in args]
     full_env = {k: v for k, v in os.environ.items() if k != "NMT_RUN_DIR"}
     full_env.update(env or {})
     if set(env or {}) <= FORKABLE_ENV and set(popen) <= ForkedNmt.OPTIONS and os.environ.get("NMT_TEST_FORK", "1") != "0":
-        return ForkedNmt(argv, env=full_env, **popen)
-    return subprocess.Popen([sys.executable, "-m", "nmt_cli", *argv], env=full_env, preexec_fn=_default_sigint, **popen)
+        return ForkedNmt(argv, env=full_env, script=script, **popen)
+    command = [str(script)] if script else ["-m", "nmt_cli"]
+    return subprocess.Popen([sys.executable, *command, *argv], env=full_env, preexec_fn=_default_sigint, **popen)
 
 
 class ForkedNmt:

@@ -18,7 +18,7 @@ import psutil
 import pytest
 import torch
 
-from conftest import assert_one_line_error, paused_in_time, run_nmt, start_nmt, wait_until
+from conftest import assert_one_line_error, finish, paused_in_time, run_nmt, start_nmt, start_script, wait_until
 from nmt.train import distributed as dist_util
 from nmt.run.checkpoint import load_checkpoint
 from nmt.errors import NmtError
@@ -62,9 +62,9 @@ def test_torchrun_two_processes_give_the_same_result(prepared, single_with_updat
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port),
-                           "-m", "nmt_cli", "train",
-                           "-r", str(run), *DDP_ARGS, "--device", "cpu"], capture_output=True, text=True, timeout=900)
+    proc = finish(start_script(torchrun, "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port),
+                               "-m", "nmt_cli", "train", "-r", run, *DDP_ARGS, "--device", "cpu",
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same_params(final_params(single_with_update_freq_2), final_params(run))
 
@@ -77,8 +77,8 @@ def test_killed_worker_stops_the_job_naming_its_rank_and_rerun_resumes(prepared,
         workers: list[psutil.Process] = []
 
         def two_workers() -> bool:
-            workers[:] = sorted((p for p in psutil.Process(parent.pid).children() if "spawn" in " ".join(p.cmdline())),
-                                key=lambda p: (p.create_time(), p.pid))
+            servers = [p for p in psutil.Process(parent.pid).children() if "forkserver" in " ".join(p.cmdline())]
+            workers[:] = sorted((p for server in servers for p in server.children()), key=lambda p: (p.create_time(), p.pid))
             return len(workers) == 2
 
         wait_until(lambda: parent.poll() is not None or two_workers(), timeout=900)

@@ -15,7 +15,7 @@ import psutil
 import pytest
 import torch
 
-from conftest import paused_in_time, run_nmt, wait_until
+from conftest import ForkedNmt, paused_in_time, run_nmt, start_script, wait_until
 from nmt.run.checkpoint import load_checkpoint
 from test_distributed import assert_same_params, final_params
 from test_runlock import hold_lock
@@ -26,23 +26,23 @@ ARGS = [*TINY[:-2], "--warmup", "4", "--dropout", "0", "--seed", "5", "--no-epoc
         "--max-update", str(MAX_UPDATE), "--save-interval-updates", str(SAVE_EVERY), "--log-interval", "10"]
 
 
-def start_two_nodes(run: Path, *torchrun_args: str) -> list[subprocess.Popen]:
+def start_two_nodes(run: Path, *torchrun_args: str) -> list[subprocess.Popen | ForkedNmt]:
     """Two torchrun agents, started as on two machines; their output goes to RUN.node0/1.log."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     torchrun = Path(sys.executable).with_name("torchrun")
-    command = [str(torchrun), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+    command = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                "--rdzv-endpoint", f"127.0.0.1:{port}", *torchrun_args,
                "-m", "nmt_cli", "train", "-r", str(run), *ARGS, "--device", "cpu"]
     agents = []
     for i in range(2):
         with open(f"{run}.node{i}.log", "a") as log:
-            agents.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
+            agents.append(start_script(torchrun, *command, stdout=log, stderr=subprocess.STDOUT))
     return agents
 
 
-def wait_for(agents: list[subprocess.Popen], timeout: float = 900) -> list[int]:
+def wait_for(agents: list[subprocess.Popen | ForkedNmt], timeout: float = 900) -> list[int]:
     """Both agents' exit statuses; an agent still running after `timeout` seconds fails the test."""
     deadline = time.monotonic() + timeout
     try:
@@ -55,15 +55,15 @@ def wait_for(agents: list[subprocess.Popen], timeout: float = 900) -> list[int]:
                 agent.wait()
 
 
-def workers_of(agents: list[subprocess.Popen]) -> list[psutil.Process]:
+def workers_of(agents: list[subprocess.Popen | ForkedNmt]) -> list[psutil.Process]:
     return [w for agent in agents for w in psutil.Process(agent.pid).children()]
 
 
-def worker_of_rank(agents: list[subprocess.Popen], rank: int) -> psutil.Process:
+def worker_of_rank(agents: list[subprocess.Popen | ForkedNmt], rank: int) -> psutil.Process:
     return next(w for w in workers_of(agents) if w.environ().get("RANK") == str(rank))
 
 
-def both_ranks_started(agents: list[subprocess.Popen]) -> bool:
+def both_ranks_started(agents: list[subprocess.Popen | ForkedNmt]) -> bool:
     """Both workers exist and run nmt: a worker between its fork and its exec still has its
     agent's environment, without RANK."""
     try:
@@ -102,7 +102,7 @@ def saved_update(run: Path) -> int:
     return load_checkpoint(run / "checkpoints/checkpoint_last.pt")["train_state"]["update"]
 
 
-def paused_mid_run(prepared: Path, tmp_path: Path, victim: int, *torchrun_args: str) -> tuple[Path, list[subprocess.Popen], psutil.Process]:
+def paused_mid_run(prepared: Path, tmp_path: Path, victim: int, *torchrun_args: str) -> tuple[Path, list[subprocess.Popen | ForkedNmt], psutil.Process]:
     """Two nodes training a fresh copy of `prepared`, with rank `victim`'s worker paused (SIGSTOP)
     after a checkpoint and at least two saves before the last one, for the caller to kill: it
     dies mid-run whatever the machine's speed, since the other rank cannot get past the next

@@ -112,6 +112,19 @@ def serve(path: str) -> None:
     import nmt.preprocess.pipeline  # noqa: F401
     import nmt.score  # noqa: F401
     import nmt.train.loop  # noqa: F401
+    # ...and the libraries that some commands import when they need them (tenths of a second each).
+    import ctranslate2.converters  # noqa: F401  (export; it imports transformers)
+    import matplotlib.backends.backend_agg  # noqa: F401  (train's learning curves, nmt plot)
+    import matplotlib.figure  # noqa: F401
+    import psutil  # noqa: F401
+    import rich.console  # noqa: F401
+    import sacremoses  # noqa: F401  (score --tokenize, preprocess --moses)
+    # torch.library's finalizers deregister the server's ops at exit: pointless in a child that
+    # is about to end, and tens of milliseconds of its exit; the command's own finalizers still run.
+    import weakref
+
+    for finalizer in list(weakref.finalize._registry):
+        finalizer.atexit = False
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # monitors are reaped by the kernel
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -54,7 +54,7 @@ class DistillConfig:
 
 @dataclass
 class Job:
-    """Everything a process needs to translate its chunks (plain data: it crosses to spawned workers)."""
+    """Everything a process needs to translate its chunks (plain data: it crosses to the worker processes)."""
 
     run_dir: str
     checkpoints: list[str]
@@ -279,15 +279,14 @@ def _distill_chunk(translator: Any, src_lines: list[str], ref_lines: Optional[li
 
 
 def _run_workers(job: Job, workers: int, progress: bool) -> None:
-    """`workers` spawned processes, chunk k to worker k mod workers; their errors as one line."""
-    import multiprocessing as mp
+    """`workers` local processes, chunk k to worker k mod workers; their errors as one line."""
     from dataclasses import replace
 
     import torch
 
-    from nmt.device import resolve_device
+    from nmt.device import resolve_device, worker_processes
 
-    ctx = mp.get_context("spawn")
+    ctx = worker_processes(__name__)
     done, errors = ctx.Value("q", 0), ctx.Queue()
     cuda = resolve_device(job.translate.device).type == "cuda"
     if cuda and workers > torch.cuda.device_count():

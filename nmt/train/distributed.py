@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from nmt.device import resolve_device
+from nmt.device import resolve_device, worker_processes
 from nmt.errors import NmtError
 
 
@@ -117,7 +117,7 @@ def launch(fn: Callable[..., Any], run_dir: Any, cfg: Any, resume_from: Optional
     with tempfile.TemporaryDirectory(prefix="nmt-errors-") as errors:
         try:
             mp.start_processes(_spawned, args=(fn, run_dir, cfg, env, errors), nprocs=world, join=True,
-                               start_method="spawn")
+                               start_method=worker_processes(fn.__module__).get_start_method())
         except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:
             user_error = _user_error(Path(errors), e.error_index)
             if user_error is not None:
