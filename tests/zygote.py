@@ -16,6 +16,7 @@ with its three file descriptors (SCM_RIGHTS), then reads one line "pid N" and on
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import runpy
@@ -125,6 +126,11 @@ def serve(path: str) -> None:
 
     for finalizer in list(weakref.finalize._registry):
         finalizer.atexit = False
+    # The server's objects (torch, transformers, ...) go to the collector's permanent generation:
+    # a child's collections (`nmt translate` runs one before it translates) scan the command's own
+    # objects, as in a process of its own, and leave the server's pages shared.
+    gc.collect()
+    gc.freeze()
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # monitors are reaped by the kernel
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
