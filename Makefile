@@ -16,8 +16,11 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@echo "installing $(TORCH_REQ) into $(VENV) (a plain 'torch' is PyTorch's CUDA build: about 3 GB to download; pip names each package it fetches)"
-	$(BIN)/python -m pip install --progress-bar on "$(TORCH_REQ)"
-	$(BIN)/python -m pip install --quiet -e ".[test,plot,tensorboard,ct2,serve,serve-test]"
+	$(BIN)/python -m pip install --no-compile --progress-bar on "$(TORCH_REQ)"
+	$(BIN)/python -m pip install --no-compile --quiet -e ".[test,plot,tensorboard,ct2,serve,serve-test]"
+	@# pip compiles the packages' bytecode one file at a time; this does it on every core. A file
+	@# that does not compile is left to its import, as pip leaves it (torch ships one for Python 3.12).
+	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib || true
 	$(BIN)/python -m nmt.ops.native  # the C++ decoder kernels, where a compiler and ninja are present
 	touch $(STAMP)
 
