@@ -137,13 +137,10 @@ def finish(proc: "subprocess.Popen | ForkedNmt", input: bytes | str | None = Non
 def run_script(script: str | Path, *args: str, env: dict[str, str], cwd: str | Path | None = None,
                timeout: float = 900) -> subprocess.CompletedProcess:
     """`python SCRIPT ARGS` with `env` as its whole environment; stdout and stderr as text. Forked
-    from the fork server (its imports done once), unless NMT_TEST_FORK=0."""
-    argv = [str(a) for a in args]
-    if os.environ.get("NMT_TEST_FORK", "1") == "0":
-        return subprocess.run([sys.executable, str(script), *argv], env=env, cwd=cwd, capture_output=True, text=True,
-                              timeout=timeout)
-    return finish(ForkedNmt(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            script=script), timeout=timeout)
+    from the fork server (its imports done once), unless NMT_TEST_FORK=0: the caller vouches that
+    nothing in `env` is read at start-up."""
+    popen = {"cwd": cwd, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    return finish(_start(script, args, env, popen, forkable=True), timeout=timeout)
 
 
 def start_nmt(*args: str, env: dict[str, str] | None = None, **popen: Any) -> "subprocess.Popen | ForkedNmt":
@@ -153,22 +150,30 @@ def start_nmt(*args: str, env: dict[str, str] | None = None, **popen: Any) -> "s
     would pass that on. `env` is added to this process's environment (less NMT_RUN_DIR, unless
     given). Forked from the fork server (ForkedNmt) unless `env` sets something read at start-up,
     `popen` asks for more than ForkedNmt offers, or NMT_TEST_FORK=0."""
-    return _start(None, args, env, popen)
+    return _start(None, args, _environ_with(env), popen, forkable=set(env or {}) <= FORKABLE_ENV)
 
 
 def start_script(script: str | Path, *args: str, env: dict[str, str] | None = None, **popen: Any) -> "subprocess.Popen | ForkedNmt":
     """`python SCRIPT ARGS` (a console script such as torchrun's), started as `start_nmt` starts `nmt`."""
-    return _start(script, args, env, popen)
+    return _start(script, args, _environ_with(env), popen, forkable=set(env or {}) <= FORKABLE_ENV)
 
 
-def _start(script: str | Path | None, args: tuple, env: dict[str, str] | None, popen: dict[str, Any]) -> "subprocess.Popen | ForkedNmt":
-    argv = [str(a) for a in args]
+def _environ_with(env: dict[str, str] | None) -> dict[str, str]:
     full_env = {k: v for k, v in os.environ.items() if k != "NMT_RUN_DIR"}
     full_env.update(env or {})
-    if set(env or {}) <= FORKABLE_ENV and set(popen) <= ForkedNmt.OPTIONS and os.environ.get("NMT_TEST_FORK", "1") != "0":
-        return ForkedNmt(argv, env=full_env, script=script, **popen)
+    return full_env
+
+
+def _start(script: str | Path | None, args: tuple, env: dict[str, str], popen: dict[str, Any],
+           forkable: bool) -> "subprocess.Popen | ForkedNmt":
+    """`python SCRIPT ARGS`, or `python -m nmt_cli ARGS` without a script, with `env` as its whole
+    environment: forked when `forkable`, `popen` asks for nothing ForkedNmt lacks and NMT_TEST_FORK
+    is not 0; else a real process."""
+    argv = [str(a) for a in args]
+    if forkable and set(popen) <= ForkedNmt.OPTIONS and os.environ.get("NMT_TEST_FORK", "1") != "0":
+        return ForkedNmt(argv, env=env, script=script, **popen)
     command = [str(script)] if script else ["-m", "nmt_cli"]
-    return subprocess.Popen([sys.executable, *command, *argv], env=full_env, preexec_fn=_default_sigint, **popen)
+    return subprocess.Popen([sys.executable, *command, *argv], env=env, preexec_fn=_default_sigint, **popen)
 
 
 class ForkedNmt:
